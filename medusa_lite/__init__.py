@@ -1,0 +1,35 @@
+"""medusa-lite: exact Medusa-style speculative decoding for Hugging Face causal LMs."""
+
+from medusa_lite.errors import (
+    GenerationInputError,
+    HeadsFileError,
+    IncompatibleHeadsError,
+    MedusaError,
+    TreeError,
+    UnsupportedModelError,
+)
+from medusa_lite.generate import GenerationOutput, GenerationStats, generate
+from medusa_lite.heads import MedusaConfig, MedusaHeads
+from medusa_lite.model import MedusaModel
+from medusa_lite.sampling import SamplingSettings, logits_to_probs
+from medusa_lite.tree import Tree, best_tree, default_tree
+
+__all__ = [
+    "GenerationInputError",
+    "GenerationOutput",
+    "GenerationStats",
+    "HeadsFileError",
+    "IncompatibleHeadsError",
+    "MedusaConfig",
+    "MedusaError",
+    "MedusaHeads",
+    "MedusaModel",
+    "SamplingSettings",
+    "Tree",
+    "TreeError",
+    "UnsupportedModelError",
+    "best_tree",
+    "default_tree",
+    "generate",
+    "logits_to_probs",
+]

@@ -1,0 +1,30 @@
+"""Exceptions with messages that name the problem.
+
+Every error medusa-lite raises on purpose derives from ``MedusaError`` and from the builtin
+exception a caller would naturally catch (``ValueError``, ``FileNotFoundError``...), so both
+``except MedusaError`` and ``except ValueError`` work.
+"""
+
+
+class MedusaError(Exception):
+    """Base class of all errors raised on purpose by medusa-lite."""
+
+
+class IncompatibleHeadsError(MedusaError, ValueError):
+    """Heads were trained for a model with another hidden size or vocabulary."""
+
+
+class HeadsFileError(MedusaError, ValueError):
+    """A heads folder is missing a file, or a file is truncated, corrupt or malformed."""
+
+
+class TreeError(MedusaError, ValueError):
+    """A candidate tree is malformed or does not fit the heads."""
+
+
+class GenerationInputError(MedusaError, ValueError):
+    """An argument to ``generate`` is invalid (prompt, sampling settings, limits)."""
+
+
+class UnsupportedModelError(MedusaError, ValueError):
+    """The target model cannot be verified with a tree attention mask."""

@@ -1,0 +1,262 @@
+"""The decoding loop: propose -> verify -> accept -> commit.
+
+Each step the heads propose a tree of guesses from the last accepted hidden state, the target
+verifies the whole tree in one forward, the longest path the target agrees with is accepted
+(plus one bonus token drawn from the target), and the KV cache keeps only that path.
+
+Why it is exact: at every tree node the target's own next token is drawn (argmax, or a sample
+from the temperature/top-k/top-p distribution), independently per node. Walking down from the
+root, we move to the child whose guess equals the target's token at the current node, and stop
+at the first node where no child matches; the target's token there is the bonus. Every emitted
+token is therefore the target's own draw given exactly the tokens before it, so the output has
+the target's distribution (greedy: the target's tokens). This is the "sample t ~ p and descend
+if t is a child" form of the exact rule for deterministic candidates (DESIGN.md §1), and it
+accepts as often as the try-children-in-order form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from medusa_lite.errors import GenerationInputError
+from medusa_lite.model import MedusaModel, check_tree_attention_supported, text_config
+from medusa_lite.sampling import SamplingSettings, pick_tokens
+from medusa_lite.tree import Tree, as_tree, check_topk_fits
+from medusa_lite.verify import keep_accepted_in_cache, verify_tree
+
+
+@dataclass
+class GenerationStats:
+    """What happened during one ``generate`` call.
+
+    Convention: ``mean_accepted_tokens`` = new tokens / calls of the target, the prefill
+    included, so plain decoding scores exactly 1.00 and the bonus token is counted.
+    """
+
+    tree_nodes: int
+    tree_depth: int
+    new_tokens: int = 0
+    target_calls: int = 0
+    tokens_per_step: list[int] = field(default_factory=list)  # per verification step, bonus included
+    accepted_at_depth: list[int] = field(default_factory=list)  # [d-1]: steps that accepted a guess at depth d
+
+    @property
+    def steps(self) -> int:
+        """Verification steps (target calls after the prefill)."""
+        return len(self.tokens_per_step)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        return self.new_tokens / self.target_calls if self.target_calls else 0.0
+
+    @property
+    def acceptance_rate_by_depth(self) -> list[float]:
+        return [count / self.steps if self.steps else 0.0 for count in self.accepted_at_depth]
+
+    def as_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "target_calls": self.target_calls,
+            "steps": self.steps,
+            "mean_accepted_tokens": self.mean_accepted_tokens,
+            "tokens_per_step": list(self.tokens_per_step),
+            "accepted_at_depth": list(self.accepted_at_depth),
+            "acceptance_rate_by_depth": self.acceptance_rate_by_depth,
+            "tree_nodes": self.tree_nodes,
+            "tree_depth": self.tree_depth,
+        }
+
+
+@dataclass
+class GenerationOutput:
+    sequences: torch.Tensor  # [1, prompt + new tokens], like model.generate
+    stats: GenerationStats
+
+
+# -- propose -----------------------------------------------------------------------------------
+def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree) -> torch.Tensor:
+    """Tree tokens [N]: the root, then at each node of depth d head d's guess of that node's rank."""
+    if tree.depth == 0:
+        return root_token.view(1)
+    head_logits = model.head_logits(hidden)[: tree.depth]  # [depth, V]
+    guesses = head_logits.topk(max(tree.topk_per_depth()), dim=-1).indices  # [depth, k]
+    depths, ranks = tree.node_depths[1:].to(guesses.device), tree.node_ranks[1:].to(guesses.device)
+    return torch.cat([root_token.view(1), guesses[depths - 1, ranks]])
+
+
+# -- accept ------------------------------------------------------------------------------------
+def accepted_path(tree: Tree, candidates: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
+    """Node indices root..deepest of the longest path whose every guess equals the target's token.
+
+    Node j's guess is right when it equals the target's token at its parent; a node is accepted
+    when it and all its ancestors are right. Siblings hold distinct guesses, so the accepted
+    nodes form one chain; node indices grow with depth, so sorting them orders the chain.
+    """
+    parents = tree.parents.to(candidates.device)
+    right = candidates == target_tokens[parents]
+    right[0] = True
+    ancestors = tree.ancestor_mask.to(candidates.device)
+    accepted = ~(ancestors & ~right[None, :]).any(dim=-1)
+    deepest = int(torch.argmax(torch.where(accepted, tree.node_depths.to(candidates.device), -1)))
+    return torch.nonzero(ancestors[deepest]).squeeze(-1)
+
+
+# -- checks ------------------------------------------------------------------------------------
+def as_prompt(input_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor):
+        raise GenerationInputError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise GenerationInputError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}")
+    if input_ids.dim() == 2:
+        if input_ids.shape[0] != 1:
+            raise GenerationInputError(
+                f"batch size {input_ids.shape[0]} is not supported: medusa-lite decodes one sequence at a time; "
+                "call generate once per prompt"
+            )
+        input_ids = input_ids[0]
+    elif input_ids.dim() != 1:
+        raise GenerationInputError(f"input_ids must have shape [1, length] or [length], got {tuple(input_ids.shape)}")
+    if input_ids.numel() == 0:
+        raise GenerationInputError("the prompt is empty: give at least one token (e.g. the BOS token)")
+    return input_ids.to(device=device, dtype=torch.long)
+
+
+def check_token_ids(prompt: torch.Tensor, vocab_size: int) -> None:
+    low, high = int(prompt.min()), int(prompt.max())
+    if low < 0 or high >= vocab_size:
+        raise GenerationInputError(f"prompt holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab_size})")
+
+
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise GenerationInputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+
+
+def context_limit(model: MedusaModel) -> int | None:
+    """The most positions the target attends over: max positions, or a sliding window (our cache is full-attention)."""
+    config = text_config(model.base_model)
+    limits = [getattr(config, "max_position_embeddings", None)]
+    window = getattr(config, "sliding_window", None)
+    if window and getattr(config, "use_sliding_window", True):
+        limits.append(window)
+    limits = [limit for limit in limits if isinstance(limit, int) and limit > 0]
+    return min(limits) if limits else None
+
+
+def check_context(prompt_len: int, max_new_tokens: int, limit: int | None) -> None:
+    """Raise before decoding when prompt + new tokens cannot fit; the tree is pruned to fit at run time."""
+    if limit is not None and prompt_len + max_new_tokens > limit:
+        raise GenerationInputError(
+            f"prompt of {prompt_len} tokens + max_new_tokens={max_new_tokens} exceeds the model's context of "
+            f"{limit} positions; shorten the prompt or lower max_new_tokens to at most {max(limit - prompt_len, 0)}"
+        )
+
+
+def eos_ids(eos_token_id: int | Sequence[int] | None, model: MedusaModel) -> torch.Tensor:
+    """EOS ids as a tensor; None means the model's generation_config EOS (as ``model.generate`` does)."""
+    if eos_token_id is None:
+        generation_config = getattr(model.base_model, "generation_config", None)
+        eos_token_id = getattr(generation_config, "eos_token_id", None)
+    if eos_token_id is None:
+        ids: list[int] = []
+    elif isinstance(eos_token_id, int):
+        ids = [eos_token_id]
+    else:
+        ids = [int(i) for i in eos_token_id]
+    return torch.tensor(ids, dtype=torch.long, device=model.device)
+
+
+def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Tokens up to and including the first EOS, and whether one was found."""
+    if eos.numel() == 0:
+        return tokens, False
+    hits = torch.nonzero(torch.isin(tokens, eos)).flatten()
+    if hits.numel() == 0:
+        return tokens, False
+    return tokens[: int(hits[0]) + 1], True
+
+
+# -- the loop ----------------------------------------------------------------------------------
+@torch.inference_mode()
+def generate(
+    model: MedusaModel,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    tree: Tree | Iterable[Sequence[int]] | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    streamer=None,
+    generator: torch.Generator | None = None,
+) -> GenerationOutput:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with exact Medusa decoding.
+
+    Greedy (``temperature=0``) returns the tokens of ``model.base_model.generate(do_sample=False)``;
+    with ``temperature > 0`` (and optional ``top_k`` / ``top_p``) tokens follow exactly the target's
+    sampling distribution. ``tree`` is a :class:`Tree` or a list of top-k rank paths (default:
+    :func:`medusa_lite.tree.default_tree`). ``streamer`` receives the prompt, then each step's
+    accepted tokens (e.g. ``transformers.TextStreamer``). Generation stops at any of
+    ``eos_token_id`` (default: the model's), included in the output.
+    """
+    settings = SamplingSettings(temperature, top_k, top_p)
+    check_max_new_tokens(max_new_tokens)
+    check_tree_attention_supported(model.base_model)
+    prompt = as_prompt(input_ids, model.device)
+    check_token_ids(prompt, model.config.vocab_size)
+    full_tree = as_tree(tree, model.num_heads)
+    check_topk_fits(full_tree, model.config.vocab_size)
+    check_context(prompt.numel(), max_new_tokens, context_limit(model))
+    eos = eos_ids(eos_token_id, model)
+
+    stats = GenerationStats(tree_nodes=full_tree.num_nodes, tree_depth=full_tree.depth, accepted_at_depth=[0] * full_tree.depth)
+    if streamer is not None:
+        streamer.put(prompt[None].cpu())
+    new_tokens: list[torch.Tensor] = []
+
+    def commit(tokens: torch.Tensor) -> bool:
+        """Append accepted tokens; True when generation is finished."""
+        tokens, hit_eos = cut_at_eos(tokens, eos)
+        new_tokens.append(tokens)
+        stats.new_tokens += tokens.numel()
+        if streamer is not None:
+            streamer.put(tokens.cpu())
+        return hit_eos or stats.new_tokens >= max_new_tokens
+
+    finished = max_new_tokens == 0
+    if not finished:
+        cache = DynamicCache()
+        prefill = model.target_forward(prompt[None], cache=cache, use_cache=True)
+        stats.target_calls += 1
+        root = pick_tokens(prefill.logits[0, -1:], settings, generator)
+        hidden = prefill.hidden[0, -1]
+        finished = commit(root)
+
+    while not finished:
+        # Never guess past max_new_tokens: a step commits at most depth + 1 tokens.
+        step_tree = full_tree.pruned(max_new_tokens - stats.new_tokens - 1)
+        prefix_len = cache.get_seq_length()
+        candidates = propose(model, hidden, root, step_tree)
+        verified = verify_tree(model, cache, step_tree, candidates)
+        stats.target_calls += 1
+        target_tokens = pick_tokens(verified.logits, settings, generator)
+        path = accepted_path(step_tree, candidates, target_tokens)
+        keep_accepted_in_cache(cache, prefix_len, path)
+        root = target_tokens[path[-1:]]
+        hidden = verified.hidden[path[-1]]
+        accepted_guesses = path.numel() - 1
+        for depth in range(accepted_guesses):
+            stats.accepted_at_depth[depth] += 1
+        stats.tokens_per_step.append(accepted_guesses + 1)
+        finished = commit(torch.cat([candidates[path[1:]], root]))
+
+    sequences = torch.cat([prompt, *new_tokens])[None]
+    if streamer is not None:
+        streamer.end()
+    return GenerationOutput(sequences=sequences, stats=stats)

@@ -1,0 +1,129 @@
+"""The target model, frozen and used as it is, together with its Medusa heads.
+
+No modeling code is copied: any Hugging Face causal LM works as long as its attention takes a
+custom 4D mask (``eager`` or ``sdpa``), which tree verification needs.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from medusa_lite.errors import IncompatibleHeadsError, UnsupportedModelError
+from medusa_lite.heads import MedusaConfig, MedusaHeads
+
+# Attention implementations known to apply an arbitrary additive 4D mask (tree attention).
+TREE_CAPABLE_ATTENTION = ("eager", "sdpa")
+
+
+@dataclass
+class TargetOutput:
+    """One forward of the target: next-token logits and final (post-norm) hidden states."""
+
+    logits: torch.Tensor  # [batch, seq, vocab]
+    hidden: torch.Tensor  # [batch, seq, hidden]
+
+
+def text_config(base_model: PreTrainedModel):
+    config = base_model.config
+    return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+def base_model_name(base_model: PreTrainedModel) -> str | None:
+    return getattr(base_model.config, "_name_or_path", None) or getattr(base_model, "name_or_path", None) or None
+
+
+def check_heads_fit(base_model: PreTrainedModel, config: MedusaConfig) -> None:
+    """Raise if the heads' sizes differ from the model's; warn if they name another model."""
+    model_config = text_config(base_model)
+    vocab = base_model.get_output_embeddings().weight.shape[0]
+    if config.hidden_size != model_config.hidden_size:
+        raise IncompatibleHeadsError(
+            f"Medusa heads expect hidden size {config.hidden_size} but the model has hidden size "
+            f"{model_config.hidden_size}: these heads were trained for another model ({config.base_model_name_or_path!r})"
+        )
+    if config.vocab_size != vocab:
+        raise IncompatibleHeadsError(
+            f"Medusa heads expect vocab size {config.vocab_size} but the model's lm_head has {vocab} outputs: "
+            f"these heads were trained for another model ({config.base_model_name_or_path!r})"
+        )
+    name = base_model_name(base_model)
+    if config.base_model_name_or_path and name and config.base_model_name_or_path != name:
+        warnings.warn(
+            f"Medusa heads were trained for {config.base_model_name_or_path!r} but are attached to {name!r}. "
+            "Sizes match, so decoding stays exact (the target verifies every token), but guesses may be poor.",
+            stacklevel=3,
+        )
+
+
+def check_tree_attention_supported(base_model: PreTrainedModel) -> None:
+    implementation = getattr(base_model.config, "_attn_implementation", None) or "eager"
+    if implementation not in TREE_CAPABLE_ATTENTION:
+        raise UnsupportedModelError(
+            f"attention implementation {implementation!r} cannot take the custom 4D tree attention mask; "
+            f"load the model with attn_implementation='sdpa' (or 'eager'), one of {TREE_CAPABLE_ATTENTION}"
+        )
+
+
+class MedusaModel(nn.Module):
+    """A frozen causal LM plus K Medusa heads reading its last hidden state.
+
+    Holds no decoding state: the KV cache and everything else of a generation live in
+    :func:`medusa_lite.generate`.
+    """
+
+    def __init__(self, base_model: PreTrainedModel, heads: MedusaHeads, *, freeze_base: bool = True):
+        super().__init__()
+        check_heads_fit(base_model, heads.config)
+        self.base_model = base_model
+        self.heads = heads
+        if freeze_base:
+            base_model.requires_grad_(False)
+        parameter = base_model.get_output_embeddings().weight
+        if any(p.device != parameter.device or p.dtype != parameter.dtype for p in heads.parameters()):
+            heads.to(device=parameter.device, dtype=parameter.dtype)
+
+    @classmethod
+    def with_new_heads(cls, base_model: PreTrainedModel, num_heads: int, *, num_layers: int = 1, use_base_lm_head: bool = True) -> "MedusaModel":
+        """Attach freshly initialised heads sized for ``base_model``."""
+        config = MedusaConfig(
+            num_heads=num_heads,
+            hidden_size=text_config(base_model).hidden_size,
+            vocab_size=base_model.get_output_embeddings().weight.shape[0],
+            num_layers=num_layers,
+            use_base_lm_head=use_base_lm_head,
+            base_model_name_or_path=base_model_name(base_model),
+        )
+        heads = MedusaHeads(config)
+        heads.init_lm_heads_from(base_model.get_output_embeddings())
+        return cls(base_model, heads)
+
+    @property
+    def config(self) -> MedusaConfig:
+        return self.heads.config
+
+    @property
+    def num_heads(self) -> int:
+        return self.heads.config.num_heads
+
+    @property
+    def device(self) -> torch.device:
+        return self.base_model.get_output_embeddings().weight.device
+
+    def target_forward(self, input_ids: torch.Tensor, **kwargs) -> TargetOutput:
+        """One forward of the target; ``kwargs`` go to the model (positions, mask, cache...)."""
+        out = self.base_model(input_ids=input_ids, output_hidden_states=True, **kwargs)
+        return TargetOutput(logits=out.logits, hidden=out.hidden_states[-1])
+
+    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final hidden states [..., H] -> all heads' logits [..., K, V]."""
+        return self.heads.project(self.heads(hidden), self.base_model.get_output_embeddings())
+
+    def forward(self, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Base logits [B, T, V] and head logits [B, T, K, V] from one forward (for training)."""
+        out = self.target_forward(input_ids, **kwargs)
+        return out.logits, self.head_logits(out.hidden)

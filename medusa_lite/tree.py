@@ -1,0 +1,201 @@
+"""Candidate trees: which of the heads' top-k guesses are verified together.
+
+A tree is a set of paths of top-k ranks (Medusa's ``medusa_choices`` format): the path
+``(0, 2)`` is "head 1's best guess, followed by head 2's third-best guess". Node 0 is the root,
+the token the target itself produced last (not yet in the KV cache); the node for a path of
+length d sits at depth d and holds a guess of head d.
+
+Everything decoding needs about a tree's shape is computed once here, as tensors:
+depths (position offsets), parents, ranks, the ancestor-or-self attention mask.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+
+import torch
+
+from medusa_lite.errors import TreeError
+
+Path = tuple[int, ...]
+
+
+def validate_paths(paths: Iterable[Sequence[int]]) -> tuple[Path, ...]:
+    """Check a user tree and return it as sorted tuples (shallow first, then by ranks).
+
+    Raises :class:`TreeError` naming the offending path for: a path that is not a sequence of
+    non-negative ints, an empty path, a duplicate, or a path whose parent is missing.
+    """
+    if isinstance(paths, (str, bytes)):
+        raise TreeError(f"a tree is a list of paths of top-k ranks, got the string {paths!r}")
+    seen: set[Path] = set()
+    for raw in paths:
+        if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
+            raise TreeError(f"tree path {raw!r} is not a sequence of top-k ranks")
+        if len(raw) == 0:
+            raise TreeError("tree path () is empty: the root is implicit, list only paths of length >= 1")
+        for rank in raw:
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+                raise TreeError(f"tree path {tuple(raw)!r} holds {rank!r}: ranks must be integers >= 0")
+        path = tuple(int(r) for r in raw)
+        if path in seen:
+            raise TreeError(f"tree path {path!r} appears twice")
+        seen.add(path)
+    for path in seen:
+        if len(path) > 1 and path[:-1] not in seen:
+            raise TreeError(f"tree path {path!r} has no parent: {path[:-1]!r} is missing")
+    return tuple(sorted(seen, key=lambda p: (len(p), p)))
+
+
+@dataclass(frozen=True)
+class Tree:
+    """A validated candidate tree with its precomputed shape tensors (on CPU)."""
+
+    paths: tuple[Path, ...]
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[Sequence[int]]) -> "Tree":
+        return cls(validate_paths(paths))
+
+    @property
+    def num_nodes(self) -> int:
+        """Nodes verified per step, the root included."""
+        return len(self.paths) + 1
+
+    @property
+    def depth(self) -> int:
+        """Longest path: the most guessed tokens one step can accept."""
+        return max((len(p) for p in self.paths), default=0)
+
+    def topk_per_depth(self) -> list[int]:
+        """How many guesses head d (d = 1..depth) must offer: 1 + the largest rank used at depth d."""
+        needed = [0] * self.depth
+        for path in self.paths:
+            needed[len(path) - 1] = max(needed[len(path) - 1], path[-1] + 1)
+        return needed
+
+    @cached_property
+    def node_depths(self) -> torch.Tensor:
+        return torch.tensor([0] + [len(p) for p in self.paths], dtype=torch.long)
+
+    @cached_property
+    def node_ranks(self) -> torch.Tensor:
+        """Top-k rank of each node's guess (0 for the root, whose token is not a guess)."""
+        return torch.tensor([0] + [p[-1] for p in self.paths], dtype=torch.long)
+
+    @cached_property
+    def parents(self) -> torch.Tensor:
+        """Index of each node's parent (the root is its own parent)."""
+        index = {p: i + 1 for i, p in enumerate(self.paths)}
+        index[()] = 0
+        return torch.tensor([0] + [index[p[:-1]] for p in self.paths], dtype=torch.long)
+
+    @cached_property
+    def ancestor_mask(self) -> torch.Tensor:
+        """[N, N] bool: ``mask[i, j]`` is True when node j is node i or one of its ancestors."""
+        index = {p: i + 1 for i, p in enumerate(self.paths)}
+        index[()] = 0
+        mask = torch.eye(self.num_nodes, dtype=torch.bool)
+        for path, i in index.items():
+            for cut in range(len(path)):
+                mask[i, index[path[:cut]]] = True
+        return mask
+
+    def pruned(self, max_depth: int) -> "Tree":
+        """The same tree without nodes deeper than ``max_depth`` (used near a length limit)."""
+        return _pruned(self, max_depth)
+
+    def check_fits(self, num_heads: int) -> None:
+        if self.depth > num_heads:
+            raise TreeError(f"tree depth {self.depth} exceeds the {num_heads} Medusa heads: a node at depth d needs head d")
+
+
+@lru_cache(maxsize=256)
+def _pruned(tree: Tree, max_depth: int) -> Tree:
+    if max_depth >= tree.depth:
+        return tree
+    return Tree(tuple(p for p in tree.paths if len(p) <= max_depth))
+
+
+def check_topk_fits(tree: Tree, vocab_size: int) -> None:
+    """A rank must index into the vocabulary."""
+    widest = max(tree.topk_per_depth(), default=0)
+    if widest > vocab_size:
+        raise TreeError(f"tree uses top-{widest} guesses but the vocabulary has only {vocab_size} tokens")
+
+
+def best_tree(topk_accuracy: Sequence[Sequence[float]], num_nodes: int) -> Tree:
+    """The tree of ``num_nodes - 1`` guesses that maximises the expected accepted length.
+
+    ``topk_accuracy[d][r]`` is the probability that head d+1's rank-r guess is the right token
+    (measured on held-out data). Assuming heads are independent, a path's chance of being
+    accepted is the product of its ranks' accuracies, and the expected number of accepted
+    guesses is the sum of that over all paths of the tree. Because extending a path can only
+    lower its probability, taking paths greedily by probability gives the optimal tree
+    (Medusa's construction); a best-first search does it without enumerating all paths.
+    """
+    if num_nodes < 1:
+        raise TreeError(f"a tree has at least its root: num_nodes must be >= 1, got {num_nodes}")
+    heap: list[tuple[float, Path]] = []
+
+    def push(path: Path) -> None:
+        depth, rank = len(path) - 1, path[-1]
+        if depth < len(topk_accuracy) and rank < len(topk_accuracy[depth]):
+            probability = 1.0
+            for d, r in enumerate(path):
+                probability *= topk_accuracy[d][r]
+            heapq.heappush(heap, (-probability, path))
+
+    push((0,))
+    chosen: list[Path] = []
+    while heap and len(chosen) < num_nodes - 1:
+        _, path = heapq.heappop(heap)
+        chosen.append(path)
+        push(path + (0,))  # first child
+        push(path[:-1] + (path[-1] + 1,))  # next sibling
+    return Tree.from_paths(chosen)
+
+
+def expected_accepted_tokens(tree: Tree, topk_accuracy: Sequence[Sequence[float]]) -> float:
+    """Expected tokens per step under independent heads: 1 (the bonus) + sum of path probabilities."""
+    total = 1.0
+    for path in tree.paths:
+        probability = 1.0
+        for d, r in enumerate(path):
+            probability *= topk_accuracy[d][r] if d < len(topk_accuracy) and r < len(topk_accuracy[d]) else 0.0
+        total += probability
+    return total
+
+
+# Per-rank accuracies of four heads on SmolLM2-135M-Instruct, measured on held-out self-distilled
+# data (DESIGN.md §2: top-1 0.43/0.28/0.22/0.17, top-5 0.67/0.49/0.40/0.34, ranks 2-5 split
+# evenly). Only used to shape the default tree when heads ship no measured accuracies.
+REFERENCE_TOPK_ACCURACY = (
+    (0.43, 0.06, 0.06, 0.06, 0.06),
+    (0.28, 0.0525, 0.0525, 0.0525, 0.0525),
+    (0.22, 0.045, 0.045, 0.045, 0.045),
+    (0.17, 0.0425, 0.0425, 0.0425, 0.0425),
+)
+# On a 2-core CPU in bf16 verifying 16 tokens costs 1.32x one token (DESIGN.md §2).
+DEFAULT_TREE_NODES = 16
+
+
+def default_tree(num_heads: int, num_nodes: int = DEFAULT_TREE_NODES) -> Tree:
+    """A CPU-sized tree for ``num_heads`` heads when nothing better was calibrated."""
+    accuracy = [REFERENCE_TOPK_ACCURACY[min(d, len(REFERENCE_TOPK_ACCURACY) - 1)] for d in range(num_heads)]
+    return best_tree(accuracy, num_nodes)
+
+
+def as_tree(tree: "Tree | Iterable[Sequence[int]] | None", num_heads: int) -> Tree:
+    """Normalise the ``tree=`` argument of ``generate``: None -> default, paths -> Tree."""
+    if tree is None:
+        resolved = default_tree(num_heads)
+    elif isinstance(tree, Tree):
+        resolved = tree
+    else:
+        resolved = Tree.from_paths(tree)
+    resolved.check_fits(num_heads)
+    return resolved
