@@ -196,6 +196,23 @@ def as_tree(tree: "Tree | Iterable[Sequence[int]] | None", num_heads: int) -> Tr
     elif isinstance(tree, Tree):
         resolved = tree
     else:
-        resolved = Tree.from_paths(tree)
+        paths = list(tree)
+        hashable = _as_hashable(paths)
+        resolved = Tree.from_paths(paths) if hashable is None else _tree_from_hashable(hashable)
     resolved.check_fits(num_heads)
     return resolved
+
+
+def _as_hashable(paths: list) -> tuple | None:
+    """Paths as a tuple of tuples (so repeated calls reuse one Tree), or None if not hashable."""
+    try:
+        hashable = tuple(tuple(p) if isinstance(p, Sequence) and not isinstance(p, (str, bytes)) else p for p in paths)
+        hash(hashable)
+        return hashable
+    except TypeError:
+        return None
+
+
+@lru_cache(maxsize=64)
+def _tree_from_hashable(paths: tuple) -> Tree:
+    return Tree.from_paths(paths)

@@ -63,3 +63,8 @@ class OracleMedusaModel(MedusaModel):
             if ahead < self.reference.numel():
                 logits[k, self.reference[ahead]] = 1.0
         return logits
+
+
+def plain_greedy(base_model, prompt: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
+    """The reference: transformers' own greedy generate (explicit mask: token 0 is not padding)."""
+    return base_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False, **kwargs)

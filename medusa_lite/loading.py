@@ -1,0 +1,166 @@
+"""``load()``: a target model, its Medusa heads and the tree to decode with, in one call.
+
+``load()`` with no arguments returns the default model (SmolLM2-135M-Instruct) with the heads
+shipped in ``medusa_lite/assets/smollm2-135m-heads/``; ``load(model_path, heads=heads_path)``
+does the same for any Hugging Face causal LM and a heads folder or Hub repo.
+
+Which tree the returned model decodes with (``model.tree``), first match wins:
+
+1. the ``tree=`` argument: a :class:`Tree`, a list of rank paths, or a ``tree.json`` file;
+2. ``tree.json`` next to the heads, written by ``infer/calibrate_tree.py`` for the hardware it
+   ran on (rerun it on yours: it overwrites that file);
+3. :func:`default_tree_for` the heads: ``training_summary["tree"]``, else Medusa's greedy
+   construction from ``training_summary["topk_accuracy"]``, else :func:`default_tree`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from medusa_lite.errors import MedusaError, TreeError
+from medusa_lite.heads import MedusaHeads
+from medusa_lite.model import MedusaModel
+from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, best_tree, default_tree
+
+DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
+TREE_FILE_NAME = "tree.json"
+TREE_FILE_FORMAT = "medusa-lite-tree/1"
+ATTN_IMPLEMENTATION = "sdpa"
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+TreeSpec = Tree | Iterable[Sequence[int]] | str | os.PathLike | None
+
+
+class MissingHeadsError(MedusaError, FileNotFoundError):
+    """No Medusa heads were given and none are shipped for the requested model."""
+
+
+# -- trees -------------------------------------------------------------------------------------
+def default_tree_for(heads: MedusaHeads, num_nodes: int = DEFAULT_TREE_NODES) -> Tree:
+    """The tree the heads' own training summary suggests, else the generic CPU default."""
+    summary = heads.config.training_summary or {}
+    if summary.get("tree"):
+        tree = Tree.from_paths(summary["tree"])
+    elif summary.get("topk_accuracy"):
+        tree = best_tree(summary["topk_accuracy"], num_nodes)
+    else:
+        tree = default_tree(heads.config.num_heads, num_nodes)
+    tree.check_fits(heads.config.num_heads)
+    return tree
+
+
+def read_tree_file(path: str | os.PathLike) -> Tree:
+    """The tree in a ``tree.json`` file: ``{"paths": [[0], [0, 0], ...], ...}`` (other keys are notes)."""
+    path = Path(path)
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as error:
+        raise TreeError(f"tree file {path} does not exist") from error
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise TreeError(f"tree file {path} is not valid JSON ({error})") from error
+    if not isinstance(values, dict) or "paths" not in values:
+        raise TreeError(f"tree file {path} must hold a JSON object with a 'paths' list of top-k rank paths")
+    return Tree.from_paths(values["paths"])
+
+
+def write_tree_file(path: str | os.PathLike, tree: Tree, notes: dict) -> Path:
+    """Write ``tree.json``: the tree's paths plus free-form ``notes`` (how it was chosen)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    values = {"format": TREE_FILE_FORMAT, "num_nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths], **notes}
+    path.write_text(json.dumps(values, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def find_tree_file(heads_source: str | os.PathLike) -> Path | None:
+    """``tree.json`` beside the heads (a local folder or a Hub repo), or None when there is none."""
+    source = str(heads_source)
+    if os.path.isdir(source):
+        path = Path(source) / TREE_FILE_NAME
+        return path if path.is_file() else None
+    try:
+        return Path(hf_hub_download(source, TREE_FILE_NAME))
+    except (EntryNotFoundError, LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
+        return None
+
+
+def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: str | os.PathLike | None) -> Tree:
+    """Apply the precedence documented at the top of this module."""
+    if isinstance(tree, Tree):
+        resolved = tree
+    elif isinstance(tree, (str, os.PathLike)):
+        resolved = read_tree_file(tree)
+    elif tree is not None:
+        resolved = Tree.from_paths(tree)
+    else:
+        tree_file = find_tree_file(heads_source) if heads_source is not None else None
+        resolved = read_tree_file(tree_file) if tree_file is not None else default_tree_for(heads)
+    resolved.check_fits(heads.config.num_heads)
+    return resolved
+
+
+def tree_of(model: MedusaModel) -> Tree:
+    """The tree ``load`` chose for ``model`` (default for a model built some other way)."""
+    return getattr(model, "tree", None) or default_tree_for(model.heads)
+
+
+# -- models and heads --------------------------------------------------------------------------
+def load_target(model: str | os.PathLike | None, dtype: torch.dtype, device: str | torch.device):
+    """(causal LM, tokenizer): the default model when ``model`` is None, else any HF model."""
+    if model is None:
+        from medusa_lite.default_model import load_base_model  # lazy: converts a GGUF file on first use
+
+        return load_base_model(None, dtype=dtype, device=device)
+    base = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return base.to(device).eval(), tokenizer
+
+
+def heads_source_for(model: str | os.PathLike | None, heads: str | os.PathLike | None) -> str | os.PathLike:
+    """Where to load heads from; raise a clear error when there is nothing to load."""
+    if heads is not None:
+        return heads
+    if model is not None:
+        raise MissingHeadsError(
+            f"no Medusa heads given for {str(model)!r}: pass heads=<folder or Hub repo> "
+            "(train them with the train/ pipeline); shipped heads exist only for the default model"
+        )
+    if not (DEFAULT_HEADS_DIR / "config.json").is_file():
+        raise MissingHeadsError(
+            f"the default model's trained heads are not in {DEFAULT_HEADS_DIR} (config.json + model.safetensors); "
+            "they are not shipped yet: train them with the train/ pipeline and pass heads=<folder>"
+        )
+    return DEFAULT_HEADS_DIR
+
+
+def load(
+    model: str | os.PathLike | None = None,
+    *,
+    heads: str | os.PathLike | MedusaHeads | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    device: str | torch.device = "cpu",
+    tree: TreeSpec = None,
+) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
+    """``(MedusaModel, tokenizer)`` ready for :func:`medusa_lite.generate`; ``model.tree`` is its tree.
+
+    ``model``: a local folder or Hub id of a causal LM (None: the default SmolLM2-135M-Instruct).
+    ``heads``: a heads folder, Hub repo or :class:`MedusaHeads` (None: the heads shipped for the
+    default model). ``tree``: see the module docstring.
+    """
+    if isinstance(heads, MedusaHeads):
+        heads_module, source = heads, None
+    else:
+        source = heads_source_for(model, heads)
+        heads_module = MedusaHeads.from_pretrained(source)
+    base, tokenizer = load_target(model, dtype, device)
+    medusa = MedusaModel(base, heads_module).eval()
+    medusa.tree = resolve_tree(tree, heads_module, source)
+    return medusa, tokenizer

@@ -1,0 +1,699 @@
+"""Head training, start to finish: checks, data, (cache), loop, evaluation, save, push.
+
+Everything that can fail cheaply is checked before the first step: config (in config.py), wandb
+credentials, output folder writable and free space, data usable, cache size. Every rank runs the
+same checks on the same inputs, so all ranks fail together (none waits forever on the others).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import netrc
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from medusa_lite.heads import MedusaConfig, MedusaHeads
+from medusa_lite.model import MedusaModel
+from medusa_lite.training import checkpoint as ckpt
+from medusa_lite.training import hidden_cache
+from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
+from medusa_lite.training.data import TokenizedData, batch_indices, collate, load_training_data
+from medusa_lite.training.errors import NonFiniteLossError, OutputDirError, TrackerError, TrainingConfigError, TrainingDataError
+from medusa_lite.training.losses import IGNORE, HeadStats, gather_rows, head_targets
+from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective, last_hidden
+
+HEADS_DIR = "heads"
+ADAPTER_DIR = "adapter"
+METRICS_NAME = "metrics.jsonl"
+GIGABYTE = 1e9
+FREE_SPACE_MARGIN = 1.2
+ADAM_STATE_COPIES = 3  # weights + two moments, float32
+OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    heads_dir: Path
+    adapter_dir: Path | None
+    summary: dict
+    history: list[dict] = field(default_factory=list)
+    push_error: str | None = None
+
+
+# -- up-front checks ----------------------------------------------------------------------------
+
+
+def wandb_key_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    netrc_path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return netrc.netrc(str(netrc_path)).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def check_tracker(config: TrainConfig) -> None:
+    if config.wandb is None:
+        return
+    try:
+        import wandb  # noqa: F401
+    except ImportError as error:
+        raise TrackerError("a wandb section is configured but the wandb package is not installed (pip install wandb)") from error
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if mode not in OFFLINE_WANDB_MODES and not wandb_key_available():
+        raise TrackerError(
+            "wandb is configured (wandb.project = %r) but no API key was found (WANDB_API_KEY or ~/.netrc) "
+            "and WANDB_MODE is not offline: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline "
+            "to log locally (sync later with `wandb sync`)" % config.wandb.project
+        )
+
+
+def check_output_dir(output_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Writable, and not holding another run that a fresh start would clobber."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-test-{os.getpid()}"
+        with open(probe, "wb") as handle:
+            handle.write(b"medusa-lite")
+            handle.flush()
+            os.fsync(handle.fileno())
+        probe.unlink()
+    except OSError as error:
+        raise OutputDirError(f"output_dir {output_dir} is not writable ({type(error).__name__}: {error}); choose another output_dir") from error
+    if resume or overwrite:
+        return
+    previous = ckpt.complete_checkpoints(output_dir / ckpt.CHECKPOINTS_DIR)
+    if previous or (output_dir / HEADS_DIR / "config.json").exists():
+        raise OutputDirError(
+            f"output_dir {output_dir} already holds a training run ({len(previous)} checkpoint(s), heads: "
+            f"{(output_dir / HEADS_DIR).exists()}); pass --resume to continue it, --overwrite_output_dir true to start over, "
+            "or choose another output_dir"
+        )
+
+
+def check_free_space(output_dir: Path, needed_bytes: int) -> None:
+    free = shutil.disk_usage(output_dir).free
+    if free < needed_bytes * FREE_SPACE_MARGIN:
+        raise OutputDirError(
+            f"output_dir {output_dir} has {free / GIGABYTE:.2f} GB free but training will write about "
+            f"{needed_bytes / GIGABYTE:.2f} GB (checkpoints, heads, hidden-state cache); free some space, lower "
+            "keep_checkpoints or max_length, or choose another output_dir"
+        )
+
+
+def estimate_output_bytes(config: TrainConfig, objective: torch.nn.Module, cache_bytes: int) -> int:
+    trainable = sum(p.numel() for p in objective.parameters() if p.requires_grad)
+    frozen_saved = sum(p.numel() * p.element_size() for p in objective.parameters() if not p.requires_grad)
+    per_checkpoint = trainable * 4 * ADAM_STATE_COPIES + frozen_saved
+    return per_checkpoint * (config.keep_checkpoints + 1) + trainable * 4 + cache_bytes
+
+
+# -- model --------------------------------------------------------------------------------------
+
+
+def resolve_dtype(config: TrainConfig):
+    if config.dtype != "auto":
+        return DTYPES[config.dtype]
+    return torch.bfloat16 if config.model == DEFAULT_MODEL_KEYWORD else "auto"
+
+
+def load_target(config: TrainConfig, accelerator):
+    """The frozen target and its tokenizer (never partitioned by ZeRO-3: it lives outside the engine)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dtype = resolve_dtype(config)
+    plugin = accelerator.state.deepspeed_plugin
+    with plugin.zero3_init_context_manager(enable=False) if plugin is not None else _null():
+        with accelerator.main_process_first():  # the default model is converted once, by rank 0
+            if config.model == DEFAULT_MODEL_KEYWORD:
+                from medusa_lite.default_model import load_base_model
+
+                model, tokenizer = load_base_model(None, dtype=dtype)
+            else:
+                try:
+                    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=config.attn_implementation)
+                    tokenizer = AutoTokenizer.from_pretrained(config.model)
+                except OSError as error:
+                    raise TrainingConfigError(f"could not load the target model {config.model!r}: {error}") from error
+    model.eval().requires_grad_(False)
+    return model.to(accelerator.device), tokenizer
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def fresh_heads(config: TrainConfig, base_model) -> MedusaHeads:
+    heads = MedusaModel.with_new_heads(base_model, config.num_heads, num_layers=config.num_layers, use_base_lm_head=config.use_base_lm_head).heads
+    if config.model == DEFAULT_MODEL_KEYWORD:
+        from medusa_lite.default_model import DEFAULT_MODEL_NAME
+
+        heads.config.base_model_name_or_path = DEFAULT_MODEL_NAME
+    return heads.float()  # float32 master weights whatever the target's dtype
+
+
+def add_lora(config: TrainConfig, base_model):
+    from peft import LoraConfig, get_peft_model
+
+    settings = config.lora
+    lora_config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=list(settings.target_modules), bias="none", task_type="CAUSAL_LM")
+    try:
+        return get_peft_model(base_model, lora_config)
+    except ValueError as error:
+        raise TrainingConfigError(f"lora.target_modules {settings.target_modules} do not fit the model: {error}") from error
+
+
+def build_objective(config: TrainConfig, base_model, heads: MedusaHeads):
+    settings = LossSettings(weights=config.loss_weights(), distill_weight=config.distill_weight, topk=config.topk, chunk_size=config.loss_chunk_positions)
+    if config.lora is None:
+        return HeadsObjective(heads, base_model.get_output_embeddings(), settings), base_model
+    peft_model = add_lora(config, base_model)
+    return Medusa2Objective(peft_model, heads, settings, config.lora.distill_weight), peft_model
+
+
+# -- accelerate ---------------------------------------------------------------------------------
+
+
+def needs_gloo() -> bool:
+    """CPU-only distributed runs (incl. DeepSpeed, which would ask for NCCL) need the gloo backend."""
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    return distributed and not torch.cuda.is_available()
+
+
+def make_accelerator(config: TrainConfig):
+    from accelerate import Accelerator
+    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
+
+    handlers = [InitProcessGroupKwargs(backend="gloo")] if needs_gloo() else []
+    return Accelerator(
+        log_with="wandb" if config.wandb is not None else None,
+        project_config=ProjectConfiguration(project_dir=config.output_dir, automatic_checkpoint_naming=False),
+        kwargs_handlers=handlers,
+    )
+
+
+def fill_deepspeed_config(accelerator, config: TrainConfig) -> None:
+    """No dataloader goes through ``prepare``, so DeepSpeed's batch-size keys are set here."""
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None:
+        return
+    ds = plugin.deepspeed_config
+    ds["train_micro_batch_size_per_gpu"] = config.batch_size
+    ds["gradient_accumulation_steps"] = 1
+    ds["train_batch_size"] = config.batch_size * accelerator.num_processes
+    if ds.get("gradient_clipping", "auto") == "auto":
+        ds["gradient_clipping"] = config.max_grad_norm
+
+
+def is_zero3(accelerator) -> bool:
+    plugin = accelerator.state.deepspeed_plugin
+    return plugin is not None and plugin.zero_stage == 3
+
+
+# -- batches ------------------------------------------------------------------------------------
+
+
+class BatchSource:
+    """Hidden states (heads-only mode) or token batches (Medusa-2) for sample indices."""
+
+    def __init__(self, samples, base_model, num_heads: int, with_teacher: bool, device, pad_id: int, cache: hidden_cache.HiddenCache | None = None, offset: int = 0):
+        self.samples = samples
+        self.base_model = base_model
+        self.num_heads = num_heads
+        self.with_teacher = with_teacher
+        self.device = device
+        self.pad_id = pad_id
+        self.cache = cache
+        self.offset = offset  # index of samples[0] in the cache
+
+    def tokens(self, indices: list[int]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.device) for k, v in collate([self.samples[i] for i in indices], self.pad_id).items()}
+
+    def rows(self, indices: list[int]):
+        batch = self.tokens(indices)
+        if self.cache is not None:
+            hidden = self.cache.batch_hidden([self.offset + i for i in indices], batch["input_ids"].shape[1]).to(self.device)
+        else:
+            with torch.no_grad():
+                hidden = last_hidden(self.base_model, batch["input_ids"], batch["attention_mask"])
+        return gather_rows(hidden, batch["input_ids"], batch["loss_mask"], self.num_heads, self.with_teacher)
+
+
+def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: bool):
+    """(loss, stats vector, positions trained) for one batch."""
+    if medusa2:
+        batch = source.tokens(indices)
+        loss, vector = objective(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        positions = int((head_targets(batch["input_ids"], batch["loss_mask"], source.num_heads) != IGNORE).any(dim=-1).sum())
+        return loss, vector[:-1], vector[-1], positions
+    rows = source.rows(indices)
+    loss, vector = objective(rows.hidden, rows.targets, rows.teacher_hidden)
+    return loss, vector, None, int(rows.targets.shape[0])
+
+
+# -- evaluation ---------------------------------------------------------------------------------
+
+
+def evaluate(objective, source: BatchSource, num_samples: int, config: TrainConfig, medusa2: bool) -> HeadStats:
+    """Per-head sums over the whole held-out split (every rank evaluates all of it: same result everywhere)."""
+    stats = HeadStats.zeros(config.num_heads, config.topk)
+    objective.eval()
+    with torch.no_grad():
+        for start in range(0, num_samples, config.batch_size):
+            indices = list(range(start, min(start + config.batch_size, num_samples)))
+            _, vector, _, _ = forward_batch(objective, source, indices, medusa2)
+            stats.add(HeadStats.from_vector(vector.detach().double().cpu(), config.num_heads, config.topk))
+    objective.train()
+    return stats
+
+
+def accuracy_report(stats: HeadStats, topk: int) -> dict:
+    return {
+        "top1_accuracy": [round(v, 4) for v in stats.top1()],
+        f"top{topk}_accuracy": [round(v, 4) for v in stats.topk_cumulative()],
+        "topk_accuracy": [[round(v, 4) for v in row] for row in stats.rank_accuracy()],
+        "eval_loss": [round(v, 4) for v in stats.mean_ce()],
+        "eval_positions": [int(c) for c in stats.count.tolist()],
+    }
+
+
+def describe_accuracy(report: dict, topk: int) -> str:
+    pairs = [f"head {k + 1}: {a:.3f}/{b:.3f}" for k, (a, b) in enumerate(zip(report["top1_accuracy"], report[f"top{topk}_accuracy"]))]
+    return f"held-out top-1/top-{topk} accuracy: " + ", ".join(pairs)
+
+
+# -- logging ------------------------------------------------------------------------------------
+
+
+class RunLog:
+    """stdout (through tqdm on the main process), metrics.jsonl and the trackers."""
+
+    def __init__(self, accelerator, output_dir: Path):
+        self.accelerator = accelerator
+        self.path = output_dir / METRICS_NAME
+        self.history: list[dict] = []
+
+    def say(self, message: str) -> None:
+        if self.accelerator.is_main_process:
+            tqdm.write(message)
+
+    def record(self, metrics: dict, step: int) -> None:
+        entry = {"step": step, **metrics}
+        self.history.append(entry)
+        if self.accelerator.is_main_process:
+            with open(self.path, "a") as handle:
+                handle.write(json.dumps(entry) + "\n")
+        flat = {}
+        for key, value in metrics.items():
+            if isinstance(value, list):
+                flat.update({f"{key}/head{k + 1}": v for k, v in enumerate(value) if not isinstance(v, list)})
+            elif isinstance(value, (int, float)):
+                flat[key] = value
+        self.accelerator.log(flat, step=step)
+
+
+def train_metrics(stats: HeadStats, loss_sum: float, steps: int, extra_sum: float | None, lr: float) -> dict:
+    metrics = {
+        "train/loss": loss_sum / max(steps, 1),
+        "train/head_ce": [round(v, 4) for v in stats.mean_ce()],
+        "train/head_top1": [round(v, 4) for v in stats.top1()],
+        "lr": lr,
+    }
+    if extra_sum is not None:
+        metrics["train/base_kl"] = extra_sum / max(steps, 1)
+    return metrics
+
+
+# -- hidden-state cache -------------------------------------------------------------------------
+
+
+def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedData, log: RunLog):
+    """Build (or reuse) the cache for train + held-out samples; return (cache, seconds spent building)."""
+    samples = data.train + data.eval
+    hidden_size = base_model.get_output_embeddings().weight.shape[1]
+    cache_dir = config.cache_dir()
+    name = str(getattr(base_model.config, "_name_or_path", "") or config.model)
+    print_value = hidden_cache.fingerprint(samples, model_name=name, hidden_size=hidden_size, num_heads=config.num_heads)
+    needed = hidden_cache.estimate_cache_bytes(samples, hidden_size, config.num_heads)
+    info = hidden_cache.read_info(cache_dir)
+    if info is not None and info.get("fingerprint") == print_value:
+        log.say(f"hidden-state cache: reusing {cache_dir} ({needed / GIGABYTE:.3f} GB, {info['positions']} positions)")
+        return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads), 0.0
+    log.say(f"hidden-state cache: {info and 'rebuilding (data or model changed)' or 'building'} {cache_dir}: {needed / GIGABYTE:.3f} GB in bfloat16 (max_cache_gb {config.max_cache_gb})")
+    hidden_cache.check_size(needed, config.max_cache_gb, cache_dir)
+    started = time.perf_counter()
+    bar = tqdm(total=len(samples), desc="caching hidden states", disable=not accelerator.is_main_process, dynamic_ncols=True)
+    device = accelerator.device
+
+    def hidden_fn(batch):
+        return last_hidden(base_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+
+    hidden_cache.build_cache(
+        samples,
+        hidden_fn,
+        cache_dir,
+        fingerprint_value=print_value,
+        num_heads=config.num_heads,
+        hidden_size=hidden_size,
+        batch_size=config.batch_size,
+        rank=accelerator.process_index,
+        world_size=accelerator.num_processes,
+        wait_for_everyone=accelerator.wait_for_everyone,
+        progress=bar.update,
+    )
+    bar.close()
+    seconds = time.perf_counter() - started
+    positions = needed // (hidden_size * hidden_cache.BYTES_PER_VALUE)
+    log.say(f"hidden-state cache built in {seconds:.1f} s ({positions / max(seconds, 1e-9):.0f} positions/s on this rank's share)")
+    return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads), seconds
+
+
+# -- saving -------------------------------------------------------------------------------------
+
+
+def write_heads(heads_config: MedusaConfig, state: dict, heads_dir: Path) -> None:
+    """Save heads atomically (temp folder, then rename) and check they load strictly."""
+    heads = MedusaHeads(heads_config)
+    heads.load_state_dict({k: v.float() for k, v in state.items()})
+    temp = heads_dir.with_name(f".tmp-{heads_dir.name}")
+    shutil.rmtree(temp, ignore_errors=True)
+    heads.save_pretrained(temp)
+    ckpt.fsync_tree(temp)
+    shutil.rmtree(heads_dir, ignore_errors=True)
+    os.rename(temp, heads_dir)
+    MedusaHeads.from_pretrained(heads_dir)
+
+
+def heads_state(full_state: dict) -> dict:
+    prefix = "heads."
+    return {k[len(prefix) :]: v for k, v in full_state.items() if k.startswith(prefix)}
+
+
+def weights_digest(module: torch.nn.Module) -> str:
+    digest = hashlib.sha256()
+    for name, parameter in sorted(module.named_parameters()):
+        if parameter.requires_grad:
+            digest.update(name.encode())
+            digest.update(parameter.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def push(heads_dir: Path, repo_id: str, log: RunLog) -> str | None:
+    """Upload the saved heads; a failure is reported, never raised (the heads stay on disk)."""
+    try:
+        from medusa_lite.hub import push_heads_to_hub
+
+        url = push_heads_to_hub(str(heads_dir), repo_id, token=None, private=False)
+        log.say(f"pushed heads to {repo_id}: {url}")
+        return None
+    except Exception as error:  # network, auth, missing module: keep the saved heads either way
+        message = f"push to the Hub ({repo_id}) failed: {type(error).__name__}: {error}. The heads are saved in {heads_dir}; push them later with medusa_lite.hub.push_heads_to_hub({str(heads_dir)!r}, {repo_id!r})"
+        log.say(message)
+        return message
+
+
+# -- the run ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """Everything the loop, the evaluation and the final save share."""
+
+    config: TrainConfig
+    accelerator: object
+    log: RunLog
+    data: TokenizedData
+    heads: MedusaHeads
+    objective: torch.nn.Module
+    optimizer: object
+    scheduler: object
+    train_source: BatchSource
+    eval_source: BatchSource
+    root: Path
+    total_steps: int
+    steps_per_epoch: int
+    data_position: dict
+    save_kwargs: dict
+    medusa2: bool
+    cache_seconds: float = 0.0
+    start_step: int = 0
+    tokens_trained: int = 0
+
+
+def train(config: TrainConfig, *, resume: bool = False, push_to_hub: str | None = None) -> TrainResult:
+    check_tracker(config)
+    output_dir = Path(config.output_dir)
+    check_output_dir(output_dir, resume, config.overwrite_output_dir)
+    accelerator = make_accelerator(config)
+    try:
+        run = set_up(config, accelerator, output_dir, resume)
+        tokens_trained, run_tokens, step_seconds = run_steps(run)
+        final = evaluate(run.objective, run.eval_source, len(run.data.eval), config, run.medusa2) if run.data.eval else None
+        summary = make_summary(run, tokens_trained, run_tokens, step_seconds, final)
+        heads_dir, adapter_dir = save_results(run, summary, output_dir)
+        push_error = push(heads_dir, push_to_hub, run.log) if push_to_hub and accelerator.is_main_process else None
+        return TrainResult(output_dir, heads_dir, adapter_dir, summary, run.log.history, push_error)
+    finally:
+        accelerator.end_training()  # closes trackers and the process group
+
+
+def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> Run:
+    from accelerate.utils import set_seed
+    from transformers import get_scheduler
+
+    set_seed(config.seed)
+    log = RunLog(accelerator, output_dir)
+    root = output_dir / ckpt.CHECKPOINTS_DIR
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process and config.overwrite_output_dir and not resume:
+        shutil.rmtree(root, ignore_errors=True)
+        (output_dir / METRICS_NAME).unlink(missing_ok=True)
+
+    base_model, tokenizer = load_target(config, accelerator)
+    with accelerator.main_process_first():
+        data = load_training_data(config.data, tokenizer, max_length=config.max_length, eval_fraction=config.eval_fraction, seed=config.seed, data_format=config.data_format)
+    log.say(data.stats.describe())
+    if data.stats.truncated:
+        log.say(f"note: {data.stats.truncated} sequence(s) were longer than max_length={config.max_length} and were truncated")
+
+    world = accelerator.num_processes
+    steps_per_epoch = len(data.train) // (config.batch_size * world)
+    if steps_per_epoch == 0:
+        raise TrainingDataError(
+            f"{len(data.train)} training sequences are fewer than one step's batch_size x processes = {config.batch_size} x {world}; lower batch_size or add data"
+        )
+    total_steps = config.max_steps or config.epochs * steps_per_epoch
+
+    heads = fresh_heads(config, base_model)
+    objective, base_for_batches = build_objective(config, base_model, heads)
+    medusa2 = config.lora is not None
+
+    cache_bytes = 0
+    if config.precompute_hidden and hidden_cache.read_info(config.cache_dir()) is None:
+        cache_bytes = hidden_cache.estimate_cache_bytes(data.train + data.eval, heads.config.hidden_size, config.num_heads)
+    check_free_space(output_dir, estimate_output_bytes(config, objective, cache_bytes))
+    cache, cache_seconds = None, 0.0
+    if config.precompute_hidden:
+        cache, cache_seconds = prepare_cache(config, accelerator, base_model, data, log)
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    with_teacher = config.distill_weight > 0
+    train_source = BatchSource(data.train, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, 0)
+    eval_source = BatchSource(data.eval, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, len(data.train))
+
+    trainable = [p for p in objective.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
+    scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
+    fill_deepspeed_config(accelerator, config)
+    objective, optimizer = accelerator.prepare(objective, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+    save_kwargs = {"exclude_frozen_parameters": True} if accelerator.state.deepspeed_plugin is not None else {}
+    data_position = {"train_sequences": len(data.train), "batch_size": config.batch_size, "num_processes": world, "seed": config.seed, "steps_per_epoch": steps_per_epoch}
+    run = Run(
+        config, accelerator, log, data, heads, objective, optimizer, scheduler, train_source, eval_source, root,
+        total_steps, steps_per_epoch, data_position, save_kwargs, medusa2, cache_seconds,
+    )
+    restore(run, resume)
+
+    if config.wandb is not None:
+        init = {"wandb": {k: v for k, v in {"entity": config.wandb.entity, "name": config.wandb.name, "tags": config.wandb.tags or None, "dir": str(output_dir)}.items() if v}}
+        accelerator.init_trackers(config.wandb.project, config=config.to_dict(), init_kwargs=init)
+    log.say(
+        f"training {config.num_heads} heads ({'Medusa-2: heads + LoRA' if medusa2 else 'heads only'}, "
+        f"{'cached hidden states' if cache else 'live target forwards'}) for {total_steps} steps "
+        f"({steps_per_epoch} per epoch, batch {config.batch_size} x {world} process(es)) on {accelerator.device}"
+    )
+    return run
+
+
+def restore(run: Run, resume: bool) -> None:
+    """Drop interrupted checkpoint writes; with ``resume``, load the latest complete checkpoint."""
+    accelerator, log = run.accelerator, run.log
+    if accelerator.is_main_process:
+        for entry in ckpt.remove_incomplete(run.root):
+            log.say(f"ignored and removed an incomplete checkpoint (interrupted write): {entry}")
+    accelerator.wait_for_everyone()
+    if not resume:
+        return
+    latest = ckpt.latest_complete(run.root)
+    if latest is None:
+        log.say(f"--resume: no complete checkpoint in {run.root}; starting from step 0")
+        return
+    accelerator.load_state(str(latest[1]))
+    state = ckpt.read_state(latest[1])
+    run.start_step, run.tokens_trained = state["step"], state["tokens_trained"]
+    if state.get("data_position") != run.data_position:
+        log.say(f"warning: data or batch layout changed since the checkpoint ({state.get('data_position')} -> {run.data_position}); the sample order after step {run.start_step} differs")
+    log.say(f"resuming from {latest[1]} at step {run.start_step}/{run.total_steps}")
+
+
+def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: float, final: HeadStats | None) -> dict:
+    """The ``training_summary`` stored in the heads' config.json (and shown on the model card)."""
+    config, data = run.config, run.data
+    summary = {
+        "data": data.stats.path,
+        "data_records": data.stats.records,
+        "train_sequences": len(data.train),
+        "eval_sequences": len(data.eval),
+        "truncated_sequences": data.stats.truncated,
+        "skipped_records": data.stats.skipped,
+        "steps": run.total_steps,
+        "epochs": round(run.total_steps / run.steps_per_epoch, 3),
+        "tokens_trained": tokens_trained,
+        "batch_size": config.batch_size,
+        "num_processes": run.accelerator.num_processes,
+        "learning_rate": config.learning_rate,
+        "head_loss_weights": [round(w, 4) for w in config.loss_weights()],
+        "distill_weight": config.distill_weight,
+        "precompute_hidden": config.precompute_hidden,
+        "medusa2_lora": None if config.lora is None else {"r": config.lora.r, "alpha": config.lora.alpha, "target_modules": list(config.lora.target_modules)},
+        "train_tokens_per_second": round(run_tokens / step_seconds, 1) if step_seconds else None,
+        "topk": config.topk,
+    }
+    if run.cache_seconds:
+        summary["hidden_cache_seconds"] = round(run.cache_seconds, 1)
+    if final is not None:
+        report = accuracy_report(final, config.topk)
+        summary.update(report)
+        run.log.say(describe_accuracy(report, config.topk))
+        run.log.record({f"eval/{k}": v for k, v in report.items()}, step=run.total_steps)
+    return summary
+
+
+def save_results(run: Run, summary: dict, output_dir: Path) -> tuple[Path, Path | None]:
+    """Final heads (and adapter); checks on the way that all ranks hold the same weights."""
+    accelerator, log = run.accelerator, run.log
+    heads_dir, adapter_dir = output_dir / HEADS_DIR, None
+    full_state = accelerator.get_state_dict(run.objective)  # collective under ZeRO-3
+    unwrapped = accelerator.unwrap_model(run.objective)
+    if not is_zero3(accelerator):
+        digests = gather_digests(accelerator, unwrapped)
+        summary["ranks_in_sync"] = len(set(digests)) == 1
+        log.say(f"trainable weights sha256 per rank: {digests} ({'in sync' if summary['ranks_in_sync'] else 'NOT IN SYNC'})")
+    if accelerator.is_main_process:
+        heads_config = MedusaConfig(**{**dataclasses.asdict(run.heads.config), "training_summary": summary})
+        write_heads(heads_config, heads_state(full_state), heads_dir)
+        log.say(f"saved heads to {heads_dir}")
+        if run.medusa2:
+            adapter_dir = output_dir / ADAPTER_DIR
+            unwrapped.model.save_pretrained(str(adapter_dir))
+            log.say(f"saved the LoRA adapter to {adapter_dir} (load both with medusa_lite.training.load_trained)")
+    accelerator.wait_for_everyone()
+    return heads_dir, adapter_dir
+
+
+def gather_digests(accelerator, module) -> list[str]:
+    from accelerate.utils import gather_object
+
+    return gather_object([weights_digest(module)])
+
+
+def run_steps(run: Run) -> tuple[int, int, float]:
+    """The optimisation loop.
+
+    Returns (positions trained since step 0, positions trained by this run, seconds this run spent
+    in training steps), positions summed over ranks.
+    """
+    config, accelerator, log, objective = run.config, run.accelerator, run.log, run.objective
+    params = [p for p in objective.parameters() if p.requires_grad]
+    interval = HeadStats.zeros(config.num_heads, config.topk)
+    loss_sum, extra_sum, interval_steps, local_tokens, step_seconds = 0.0, 0.0, 0, 0, 0.0
+    tokens_trained, run_tokens = run.tokens_trained, 0
+    last_checkpoint = ckpt.latest_complete(run.root)
+    bar = tqdm(total=run.total_steps, initial=run.start_step, desc="training heads", disable=not accelerator.is_main_process, dynamic_ncols=True)
+    objective.train()
+    for step in range(run.start_step, run.total_steps):
+        started = time.perf_counter()
+        indices = batch_indices(
+            step, num_samples=len(run.data.train), batch_size=config.batch_size, rank=accelerator.process_index, world_size=accelerator.num_processes, seed=config.seed
+        )
+        loss, vector, extra, positions = forward_batch(objective, run.train_source, indices, run.medusa2)
+        if config.debug_nan_at_step and step + 1 == config.debug_nan_at_step:
+            loss = loss * float("nan")
+        stop_if_not_finite(accelerator, loss, step + 1, run.steps_per_epoch, last_checkpoint)
+        accelerator.backward(loss)
+        if config.max_grad_norm > 0:
+            accelerator.clip_grad_norm_(params, config.max_grad_norm)
+        run.optimizer.step()
+        run.scheduler.step()
+        run.optimizer.zero_grad()
+        step_seconds += time.perf_counter() - started
+
+        done = step + 1
+        interval.add(HeadStats.from_vector(vector.detach().double().cpu(), config.num_heads, config.topk))
+        loss_sum += float(loss.detach())
+        extra_sum += float(extra.detach()) if extra is not None else 0.0
+        interval_steps += 1
+        local_tokens += positions
+        bar.update(1)
+        if done % config.log_every == 0 or done == run.total_steps:
+            stats = HeadStats.from_vector(accelerator.reduce(interval.as_vector().to(accelerator.device), "sum").cpu(), config.num_heads, config.topk)
+            losses = accelerator.reduce(torch.tensor([loss_sum, extra_sum], device=accelerator.device), "mean").tolist()
+            metrics = train_metrics(stats, losses[0], interval_steps, losses[1] if run.medusa2 else None, run.scheduler.get_last_lr()[0])
+            log.record(metrics, step=done)
+            bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", head1_top1=f"{metrics['train/head_top1'][0]:.3f}")
+            interval = HeadStats.zeros(config.num_heads, config.topk)
+            loss_sum, extra_sum, interval_steps = 0.0, 0.0, 0
+        if config.eval_every and done % config.eval_every == 0 and done < run.total_steps and run.data.eval:
+            report = accuracy_report(evaluate(objective, run.eval_source, len(run.data.eval), config, run.medusa2), config.topk)
+            log.say(f"step {done}: " + describe_accuracy(report, config.topk))
+            log.record({f"eval/{k}": v for k, v in report.items()}, step=done)
+        if done % config.checkpoint_every == 0 or done == run.total_steps:
+            new_tokens = int(accelerator.reduce(torch.tensor([local_tokens], device=accelerator.device), "sum").item())
+            tokens_trained, run_tokens, local_tokens = tokens_trained + new_tokens, run_tokens + new_tokens, 0
+            state = {"step": done, "epoch": done / run.steps_per_epoch, "tokens_trained": tokens_trained, "data_position": run.data_position, "config": config.to_dict()}
+            path = ckpt.save_checkpoint(accelerator, run.root, done, state, config.keep_checkpoints, **run.save_kwargs)
+            last_checkpoint = (done, path)
+        if config.debug_step_sleep_s:
+            time.sleep(config.debug_step_sleep_s)
+    bar.close()
+    return tokens_trained, run_tokens, step_seconds
+
+
+def stop_if_not_finite(accelerator, loss: torch.Tensor, step: int, steps_per_epoch: int, last_checkpoint) -> None:
+    """All ranks agree (one all-reduce) and stop together before the bad loss touches any weight."""
+    bad = torch.tensor([0.0 if torch.isfinite(loss.detach()).item() else 1.0], device=accelerator.device)
+    if accelerator.reduce(bad, "sum").item() == 0:
+        return
+    where = f"the last good checkpoint is {last_checkpoint[1]} (step {last_checkpoint[0]}); continue from it with --resume" if last_checkpoint else "no checkpoint had been written yet"
+    raise NonFiniteLossError(
+        f"training loss is {float(loss.detach())} (not finite) at step {step} (epoch {math.floor((step - 1) / steps_per_epoch) + 1}); "
+        f"stopped before applying it, {where}. Common causes: learning_rate too high, bad data, float16 overflow"
+    )

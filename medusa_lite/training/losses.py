@@ -1,0 +1,223 @@
+"""Head targets, losses and accuracy counts: small functions, tensors in, tensors out.
+
+Alignment (the inference side's convention): the hidden state at position n gives the base
+model's logits for token n+1; head k (k = 1..K) at position n guesses token n+1+k. Its target is
+``input_ids[n+1+k]`` when that token is a response token, else ``IGNORE``. The optional
+distillation target of head k at n is the base model's own distribution at position n+k (which
+also predicts token n+1+k).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+IGNORE = -100
+
+
+def head_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """[B, T] ids and response mask -> [B, T, K] targets (``IGNORE`` where there is none)."""
+    batch, length = input_ids.shape
+    targets = torch.full((batch, length, num_heads), IGNORE, dtype=torch.long, device=input_ids.device)
+    for k in range(1, num_heads + 1):
+        shift = k + 1
+        if shift >= length:
+            break
+        ahead = input_ids[:, shift:]
+        valid = loss_mask[:, shift:]
+        targets[:, : length - shift, k - 1] = torch.where(valid, ahead, torch.full_like(ahead, IGNORE))
+    return targets
+
+
+@dataclass
+class Rows:
+    """The positions of a batch that train at least one head, flattened."""
+
+    hidden: torch.Tensor  # [P, H] hidden state at position n
+    targets: torch.Tensor  # [P, K]
+    teacher_hidden: torch.Tensor | None  # [P, K, H] hidden state at position n+k (distillation)
+
+
+def gather_rows(
+    hidden: torch.Tensor,
+    input_ids: torch.Tensor,
+    loss_mask: torch.Tensor,
+    num_heads: int,
+    with_teacher: bool,
+    teacher_source: torch.Tensor | None = None,
+) -> Rows:
+    """[B, T, H] hidden states of a batch -> the rows that have a target for some head.
+
+    The distillation rows come from ``teacher_source`` (default: ``hidden`` itself), taken at
+    position n+k for head k.
+    """
+    targets = head_targets(input_ids, loss_mask, num_heads)
+    batch_index, position = torch.nonzero((targets != IGNORE).any(dim=-1), as_tuple=True)
+    teacher = None
+    if with_teacher:
+        source = hidden if teacher_source is None else teacher_source
+        offsets = torch.arange(1, num_heads + 1, device=hidden.device)
+        ahead = (position[:, None] + offsets[None, :]).clamp(max=hidden.shape[1] - 1)  # [P, K]
+        teacher = source[batch_index[:, None], ahead]
+    return Rows(hidden=hidden[batch_index, position], targets=targets[batch_index, position], teacher_hidden=teacher)
+
+
+def kl_per_row(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """KL(teacher || student) over the last dim, in float32."""
+    teacher_logp = F.log_softmax(teacher_logits.float(), dim=-1)
+    student_logp = F.log_softmax(student_logits.float(), dim=-1)
+    return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(dim=-1)
+
+
+def rank_hits(logits: torch.Tensor, targets: torch.Tensor, topk: int) -> torch.Tensor:
+    """[C, K, V] logits, [C, K] targets -> [K, topk] count of targets found at each rank."""
+    top = logits.topk(min(topk, logits.shape[-1]), dim=-1).indices  # [C, K, topk]
+    hits = (top == targets[..., None]) & (targets[..., None] != IGNORE)
+    counts = hits.sum(dim=0)
+    if counts.shape[-1] < topk:
+        counts = F.pad(counts, (0, topk - counts.shape[-1]))
+    return counts
+
+
+@dataclass
+class HeadStats:
+    """Sums over positions, per head: what the log and the evaluation report."""
+
+    ce_sum: torch.Tensor  # [K]
+    kl_sum: torch.Tensor  # [K]
+    count: torch.Tensor  # [K]
+    rank_hits: torch.Tensor  # [K, topk]
+
+    @classmethod
+    def zeros(cls, num_heads: int, topk: int, device=None) -> "HeadStats":
+        z = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
+        return cls(z(num_heads), z(num_heads), z(num_heads), z(num_heads, topk))
+
+    def add(self, other: "HeadStats") -> None:
+        self.ce_sum += other.ce_sum.double()
+        self.kl_sum += other.kl_sum.double()
+        self.count += other.count.double()
+        self.rank_hits += other.rank_hits.double()
+
+    def as_vector(self) -> torch.Tensor:
+        return torch.cat([self.ce_sum, self.kl_sum, self.count, self.rank_hits.flatten()])
+
+    @classmethod
+    def from_vector(cls, vector: torch.Tensor, num_heads: int, topk: int) -> "HeadStats":
+        k = num_heads
+        return cls(vector[:k], vector[k : 2 * k], vector[2 * k : 3 * k], vector[3 * k :].view(k, topk))
+
+    def mean_ce(self) -> list[float]:
+        return (self.ce_sum / self.count.clamp(min=1)).tolist()
+
+    def rank_accuracy(self) -> list[list[float]]:
+        """[head][r]: probability that the head's rank-r guess is the target."""
+        return (self.rank_hits / self.count.clamp(min=1)[:, None]).tolist()
+
+    def top1(self) -> list[float]:
+        return [row[0] for row in self.rank_accuracy()]
+
+    def topk_cumulative(self) -> list[float]:
+        return [sum(row) for row in self.rank_accuracy()]
+
+
+def chunk_loss(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    teacher_logits: torch.Tensor | None,
+    scale: torch.Tensor,
+    distill_weight: float,
+    topk: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Loss contribution and per-head sums of one chunk of rows.
+
+    ``scale[k]`` = head weight / number of targets of head k in the whole batch, so summing the
+    chunks' losses gives the weighted mean over the batch whatever the chunking.
+    """
+    num_rows, num_heads, vocab = logits.shape
+    ce = F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1), ignore_index=IGNORE, reduction="none").view(num_rows, num_heads)
+    ce_sum = ce.sum(dim=0)
+    kl_sum = torch.zeros_like(ce_sum)
+    if teacher_logits is not None:
+        valid = (targets != IGNORE).float()
+        kl_sum = (kl_per_row(logits, teacher_logits) * valid).sum(dim=0)
+    loss = (scale * (ce_sum + distill_weight * kl_sum)).sum()
+    with torch.no_grad():
+        hits = rank_hits(logits.detach(), targets, topk)
+    return loss, ce_sum.detach(), kl_sum.detach(), hits
+
+
+def head_loss(
+    head_hidden: torch.Tensor,
+    targets: torch.Tensor,
+    project: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    weights: torch.Tensor,
+    teacher_hidden: torch.Tensor | None = None,
+    teacher_project: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    distill_weight: float = 0.0,
+    topk: int = 5,
+    chunk_size: int = 1024,
+) -> tuple[torch.Tensor, HeadStats]:
+    """Weighted CE (+ distillation) of all heads over rows, computed ``chunk_size`` rows at a time.
+
+    ``head_hidden`` [P, K, H] are the heads' outputs; ``project`` maps them to logits [., K, V].
+    With more rows than ``chunk_size``, each chunk's logits are recomputed in the backward pass
+    (activation checkpointing) so memory holds one chunk of [rows, K, vocab] logits, and there is
+    still one backward call per step (needed by DDP and DeepSpeed).
+    """
+    count = (targets != IGNORE).sum(dim=0)
+    scale = weights.to(head_hidden.device) / count.clamp(min=1).float()
+    use_teacher = teacher_hidden is not None and distill_weight > 0
+
+    def run(rows_hidden: torch.Tensor, rows_targets: torch.Tensor, rows_teacher: torch.Tensor | None):
+        teacher_logits = None
+        if use_teacher:
+            with torch.no_grad():
+                teacher_logits = teacher_project(rows_teacher)
+        return chunk_loss(project(rows_hidden), rows_targets, teacher_logits, scale, distill_weight, topk)
+
+    total = head_hidden.new_zeros((), dtype=torch.float32)
+    stats = HeadStats.zeros(targets.shape[1], topk, device=head_hidden.device)
+    num_rows = head_hidden.shape[0]
+    for start in range(0, num_rows, chunk_size):
+        part = slice(start, start + chunk_size)
+        args = (head_hidden[part], targets[part], teacher_hidden[part] if use_teacher else None)
+        if num_rows > chunk_size and torch.is_grad_enabled():
+            loss, ce_sum, kl_sum, hits = checkpoint(run, *args, use_reentrant=False)
+        else:
+            loss, ce_sum, kl_sum, hits = run(*args)
+        total = total + loss
+        stats.add(HeadStats(ce_sum, kl_sum, torch.zeros_like(ce_sum), hits))
+    stats.count += count.double()
+    return total, stats
+
+
+def response_positions(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch, position) of every position whose next token is a response token."""
+    predicts_response = torch.zeros_like(loss_mask)
+    predicts_response[:, :-1] = loss_mask[:, 1:]
+    return torch.nonzero(predicts_response, as_tuple=True)
+
+
+def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, project: Callable, chunk_size: int) -> torch.Tensor:
+    """Mean over rows of KL(project(teacher) || project(student)), one chunk of logits at a time."""
+
+    def run(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            teacher_logits = project(teacher)
+        return kl_per_row(project(student), teacher_logits).sum()
+
+    num_rows = student_hidden.shape[0]
+    total = student_hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, num_rows, chunk_size):
+        part = slice(start, start + chunk_size)
+        if num_rows > chunk_size and torch.is_grad_enabled():
+            total = total + checkpoint(run, student_hidden[part], teacher_hidden[part], use_reentrant=False)
+        else:
+            total = total + run(student_hidden[part], teacher_hidden[part])
+    return total / max(num_rows, 1)

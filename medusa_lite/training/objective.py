@@ -1,0 +1,120 @@
+"""The modules handed to ``accelerator.prepare``: what trains, and the loss it minimises.
+
+- :class:`HeadsObjective` (heads only): input is the frozen target's last hidden states, so the
+  same module trains from a live forward or from the hidden-state cache. The frozen base lm_head
+  is kept outside the module tree (DDP/DeepSpeed never see, partition or checkpoint it).
+- :class:`Medusa2Objective`: the peft-wrapped target and the heads together; the backbone's LoRA
+  trains jointly with the heads, plus a self-distillation term KL(original || adapted) on the
+  next-token distribution of response tokens, where "original" is the same model with its
+  adapters disabled.
+
+Both return ``(loss, stats_vector)`` (a plain tensor, so DDP/DeepSpeed pass it through).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from medusa_lite.heads import MedusaHeads
+from medusa_lite.training.losses import chunked_kl, gather_rows, head_loss, response_positions
+
+
+@dataclass
+class LossSettings:
+    weights: list[float]
+    distill_weight: float = 0.0
+    topk: int = 5
+    chunk_size: int = 1024
+
+
+def project_with(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Apply a (possibly bf16) frozen lm_head to float hidden states; logits in float32."""
+    return lm_head(hidden.to(lm_head.weight.dtype)).float()
+
+
+def heads_logits(heads: MedusaHeads, head_hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
+    """Per-head hidden states [P, K, H] -> logits [P, K, V] (float32)."""
+    if heads.config.use_base_lm_head:
+        return project_with(base_lm_head, head_hidden)
+    return torch.stack([head.lm_head(head_hidden[:, k].to(head.lm_head.weight.dtype)).float() for k, head in enumerate(heads.heads)], dim=1)
+
+
+def run_heads(heads: MedusaHeads, hidden: torch.Tensor) -> torch.Tensor:
+    parameter = next(heads.parameters())
+    return heads(hidden.to(parameter.dtype))
+
+
+class HeadsObjective(nn.Module):
+    def __init__(self, heads: MedusaHeads, base_lm_head: nn.Module, settings: LossSettings):
+        super().__init__()
+        self.heads = heads
+        self._frozen = (base_lm_head,)  # a tuple: not registered as a submodule
+        self.settings = settings
+
+    @property
+    def base_lm_head(self) -> nn.Module:
+        return self._frozen[0]
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, teacher_hidden: torch.Tensor | None = None):
+        s = self.settings
+        loss, stats = head_loss(
+            run_heads(self.heads, hidden),
+            targets,
+            lambda h: heads_logits(self.heads, h, self.base_lm_head),
+            weights=torch.tensor(s.weights),
+            teacher_hidden=teacher_hidden,
+            teacher_project=lambda h: project_with(self.base_lm_head, h),
+            distill_weight=s.distill_weight,
+            topk=s.topk,
+            chunk_size=s.chunk_size,
+        )
+        return loss, stats.as_vector()
+
+
+def body_of(causal_lm: nn.Module) -> nn.Module:
+    """The decoder stack (embeddings + layers + final norm) of a causal LM or a peft wrapper of one."""
+    model = causal_lm.get_base_model() if hasattr(causal_lm, "get_base_model") else causal_lm
+    return model.get_decoder()
+
+
+def last_hidden(causal_lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Final (post-norm) hidden states [B, T, H]: what the lm_head and the heads read."""
+    return body_of(causal_lm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+
+class Medusa2Objective(nn.Module):
+    def __init__(self, peft_model: nn.Module, heads: MedusaHeads, settings: LossSettings, base_distill_weight: float):
+        super().__init__()
+        self.model = peft_model
+        self.heads = heads
+        self.settings = settings
+        self.base_distill_weight = base_distill_weight
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self.model.get_base_model().get_output_embeddings()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor):
+        s = self.settings
+        num_heads = self.heads.config.num_heads
+        hidden = last_hidden(self.model, input_ids, attention_mask)
+        with torch.no_grad(), self.model.disable_adapter():
+            original = last_hidden(self.model, input_ids, attention_mask)
+        rows = gather_rows(hidden, input_ids, loss_mask, num_heads, with_teacher=s.distill_weight > 0, teacher_source=original)
+        loss, stats = head_loss(
+            run_heads(self.heads, rows.hidden.float()),
+            rows.targets,
+            lambda h: heads_logits(self.heads, h, self.lm_head),
+            weights=torch.tensor(s.weights),
+            teacher_hidden=rows.teacher_hidden,
+            teacher_project=lambda h: project_with(self.lm_head, h),
+            distill_weight=s.distill_weight,
+            topk=s.topk,
+            chunk_size=s.chunk_size,
+        )
+        batch_index, position = response_positions(loss_mask)
+        base_kl = chunked_kl(hidden[batch_index, position], original[batch_index, position], lambda h: project_with(self.lm_head, h), s.chunk_size)
+        return loss + self.base_distill_weight * base_kl, torch.cat([stats.as_vector(), base_kl.detach().double()[None]])

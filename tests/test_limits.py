@@ -1,0 +1,101 @@
+"""Length limits and EOS: stop exactly where plain decoding stops, never index out of range."""
+
+import pytest
+import torch
+
+from medusa_lite import GenerationInputError, MedusaModel, generate
+from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
+
+MAX_POSITIONS = 40
+LONG_RUN_TOKENS = 2000
+
+
+def test_context_overflow_raises_before_starting():
+    base = tiny_base_model("llama", vocab_size=64, max_position_embeddings=MAX_POSITIONS)
+    model = MedusaModel(base, random_heads(base, 3))
+    with pytest.raises(GenerationInputError, match=r"prompt of 30 tokens \+ max_new_tokens=20 exceeds the model's context of 40 positions.*at most 10"):
+        generate(model, torch.ones(1, 30, dtype=torch.long), 20)
+
+
+def test_generation_up_to_the_last_position_is_exact():
+    """Prompt + new tokens == max positions: the tree is pruned so no node passes the limit."""
+    base = tiny_base_model("llama", vocab_size=64, max_position_embeddings=MAX_POSITIONS, seed=2)
+    prompt = torch.randint(0, 64, (1, 10), generator=torch.Generator().manual_seed(3))
+    expected = plain_greedy(base, prompt, MAX_POSITIONS - 10)
+    oracle = OracleMedusaModel(base, random_heads(base, 4), expected[0])
+    positions = []
+    handle = base.register_forward_pre_hook(lambda m, a, kw: positions.append(int(kw["position_ids"].max())) if kw.get("position_ids") is not None else None, with_kwargs=True)
+    try:
+        out = generate(oracle, prompt, MAX_POSITIONS - 10, tree=[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)])
+    finally:
+        handle.remove()
+    assert torch.equal(out.sequences, expected)
+    assert max(positions) < MAX_POSITIONS
+
+
+def test_sliding_window_limit_is_checked():
+    base = tiny_base_model("mistral", vocab_size=64, sliding_window=16)
+    model = MedusaModel(base, random_heads(base, 2))
+    with pytest.raises(GenerationInputError, match="context of 16 positions"):
+        generate(model, torch.ones(1, 10, dtype=torch.long), 10)
+
+
+EOS_CASES = ["inside-path", "at-root", "bonus"]
+
+
+@pytest.mark.parametrize("where", EOS_CASES)
+def test_eos_anywhere_ends_generation_exactly_there(where):
+    """Find the plain greedy output, declare one of its tokens EOS, and check both stop at it."""
+    base = tiny_base_model("llama", vocab_size=64, seed=5)
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    reference = plain_greedy(base, prompt, 30, eos_token_id=[])[0]
+    new = reference[prompt.shape[1]:]
+    tree = [(0,), (0, 0), (0, 0, 0)]
+    # With oracle heads every step accepts 3 guesses + bonus: new tokens 0 (prefill), 1-4 (step 1: guesses 1-3, bonus 4), ...
+    index = {"at-root": 0, "inside-path": 6, "bonus": 8}[where]
+    eos = int(new[index])
+    first = int((new == eos).nonzero()[0])  # the first occurrence is where decoding stops
+    expected = plain_greedy(base, prompt, 30, eos_token_id=eos)
+    assert expected.shape[1] == prompt.shape[1] + first + 1
+    oracle = OracleMedusaModel(base, random_heads(base, 3), reference)
+    out = generate(oracle, prompt, 30, tree=tree, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected)
+    assert out.sequences[0, -1] == eos
+
+
+def test_any_of_several_eos_ids_stops():
+    base = tiny_base_model("qwen2", vocab_size=64, seed=6)
+    model = MedusaModel(base, random_heads(base, 3))
+    prompt = torch.tensor([[7, 7, 2]])
+    reference = plain_greedy(base, prompt, 30, eos_token_id=[])[0, 3:]
+    eos = [int(reference[12]), int(reference[5])]
+    expected = plain_greedy(base, prompt, 30, eos_token_id=eos)
+    out = generate(model, prompt, 30, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected)
+
+
+def test_long_generation_keeps_cache_bounded_by_committed_tokens():
+    """Two thousand tokens: the cache never holds rejected tree nodes and memory stays bounded."""
+    base = tiny_base_model("llama", vocab_size=64, seed=8, max_position_embeddings=4096)
+    model = MedusaModel(base, random_heads(base, 3))
+    captured = {}
+
+    def grab(module, args, kwargs, output):
+        cache = kwargs["cache"]
+        captured.setdefault("max_storage", 0)
+        captured["cache"] = cache
+        captured["max_storage"] = max(captured["max_storage"], sum(layer.keys.untyped_storage().nbytes() for layer in cache.layers))
+
+    handle = base.register_forward_hook(grab, with_kwargs=True)
+    try:
+        out = generate(model, torch.tensor([[1, 2, 3]]), LONG_RUN_TOKENS, eos_token_id=[])
+    finally:
+        handle.remove()
+    length = out.sequences.shape[1]
+    assert length == 3 + LONG_RUN_TOKENS
+    cache = captured["cache"]
+    assert cache.get_seq_length() == length - 1
+    layer = cache.layers[0]
+    bytes_per_position = layer.keys.shape[1] * layer.keys.shape[-1] * layer.keys.element_size()
+    # Storage may hold the last tree's nodes beyond the committed tokens, never more.
+    assert captured["max_storage"] <= len(cache.layers) * bytes_per_position * (length + out.stats.tree_nodes)

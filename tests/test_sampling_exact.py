@@ -1,0 +1,160 @@
+"""Sampling is distribution-exact: medusa-lite's outputs follow the target's own distribution.
+
+The statistical test: on a 3-token vocabulary the exact distribution of the first 4 generated
+tokens (81 outcomes) is enumerated from the target with full forwards; 3,000 medusa-lite samples
+are compared to it with a chi-square goodness-of-fit test at alpha = 1e-3 (bins with expected
+count < 5 merged). False alarm rate per test: 0.1%. Power is shown, not assumed: the same test
+applied to samples from a slightly wrong distribution (temperature off by 20%, the kind of bias
+Medusa's "typical acceptance" introduces) must reject, see ``test_chi_square_has_power``.
+"""
+
+import itertools
+
+import pytest
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from medusa_lite import MedusaModel, SamplingSettings, Tree, generate, logits_to_probs
+from medusa_lite.generate import accepted_path
+from medusa_lite.sampling import pick_tokens
+from tiny_models import random_heads, tiny_base_model
+
+VOCAB = 3
+NEW_TOKENS = 4
+NUM_SAMPLES = 3000
+ALPHA = 1e-3
+MIN_EXPECTED = 5.0
+# Sharp enough to make outcomes unequal, flat enough that most of the 81 bins are populated.
+LOGIT_SCALE = 5.0
+PROMPT = torch.tensor([[0, 2, 1]])
+FULL_TREE = Tree.from_paths([p for depth in (1, 2) for p in itertools.product(range(VOCAB), repeat=depth)])
+PARTIAL_TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+
+
+@pytest.fixture(scope="module")
+def model():
+    base = tiny_base_model("llama", vocab_size=VOCAB, seed=42, logit_scale=LOGIT_SCALE)
+    return MedusaModel(base, random_heads(base, num_heads=3, seed=43))
+
+
+def exact_distribution(base, settings: SamplingSettings) -> dict[tuple[int, ...], float]:
+    """P(first NEW_TOKENS tokens) by enumerating every continuation with full forwards."""
+    probs = {(): 1.0}
+    for _ in range(NEW_TOKENS):
+        prefixes = list(probs)
+        batch = torch.cat([PROMPT.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], dim=1)
+        with torch.no_grad():
+            next_probs = logits_to_probs(base(batch).logits[:, -1], settings)
+        probs = {prefix + (t,): probs[prefix] * float(next_probs[i, t]) for i, prefix in enumerate(prefixes) for t in range(VOCAB)}
+    return probs
+
+
+def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
+    """Pearson chi-square p-value, merging bins whose expected count is below MIN_EXPECTED."""
+    observed, expected, pooled_observed, pooled_expected = [], [], 0.0, 0.0
+    for outcome, p in expected_probs.items():
+        if n * p < MIN_EXPECTED:
+            pooled_observed += counts.get(outcome, 0)
+            pooled_expected += n * p
+        else:
+            observed.append(counts.get(outcome, 0))
+            expected.append(n * p)
+    if pooled_expected > 0:
+        observed.append(pooled_observed)
+        expected.append(pooled_expected)
+    assert sum(observed) == n, "a sample fell outside the enumerated outcomes"
+    o, e = torch.tensor(observed, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    statistic = ((o - e) ** 2 / e).sum()
+    degrees = len(observed) - 1
+    return float(torch.special.gammaincc(torch.tensor(degrees / 2, dtype=torch.float64), statistic / 2))
+
+
+def sample_counts(model, settings, tree, n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    counts = {}
+    for _ in range(n):
+        out = generate(model, PROMPT, NEW_TOKENS, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, tree=tree, generator=generator, eos_token_id=[])
+        outcome = tuple(out.sequences[0, PROMPT.shape[1]:].tolist())
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize(
+    "settings, tree",
+    [
+        (SamplingSettings(1.0), FULL_TREE),
+        (SamplingSettings(0.7), PARTIAL_TREE),
+        (SamplingSettings(0.7, top_k=2), PARTIAL_TREE),
+        (SamplingSettings(1.0, top_p=0.8), FULL_TREE),
+    ],
+    ids=["T1.0-full-tree", "T0.7-partial-tree", "T0.7-topk2", "T1.0-topp0.8"],
+)
+def test_medusa_sampling_matches_exact_target_distribution(model, settings, tree):
+    exact = exact_distribution(model.base_model, settings)
+    counts = sample_counts(model, settings, tree, NUM_SAMPLES, seed=1)
+    p_value = chi_square_p_value(counts, exact, NUM_SAMPLES)
+    assert p_value > ALPHA, f"medusa-lite samples differ from the target's distribution (p={p_value:.2e})"
+
+
+def test_full_tree_accepts_every_guess(model):
+    """With every token a child, every sample is accepted: the step emits depth + 1 tokens."""
+    out = generate(model, PROMPT, NEW_TOKENS, temperature=1.0, tree=FULL_TREE, generator=torch.Generator().manual_seed(0), eos_token_id=[])
+    assert out.stats.tokens_per_step == [3] and out.stats.target_calls == 2
+
+
+def test_chi_square_has_power(model):
+    """The test rejects a distribution that is only slightly wrong: it is able to fail."""
+    right = SamplingSettings(1.0)
+    wrong = SamplingSettings(0.8)
+    exact = exact_distribution(model.base_model, right)
+    biased = exact_distribution(model.base_model, wrong)
+    total_variation = 0.5 * sum(abs(exact[k] - biased[k]) for k in exact)
+    assert total_variation < 0.1, "the alternative should be close, to show power"
+    counts = sample_counts(model, wrong, FULL_TREE, NUM_SAMPLES, seed=2)
+    assert chi_square_p_value(counts, exact, NUM_SAMPLES) < ALPHA
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.9), (0.5, 7, 0.6), (1.0, None, 0.05)])
+def test_logits_to_probs_matches_transformers_warpers(temperature, top_k, top_p):
+    logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3)) * 3
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])
+    if top_k is not None:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p is not None:
+        warpers.append(TopPLogitsWarper(top_p))
+    expected = warpers(None, logits.clone()).softmax(-1)
+    torch.testing.assert_close(logits_to_probs(logits, SamplingSettings(temperature, top_k, top_p)), expected)
+
+
+def test_accepted_path_follows_target_tokens():
+    tree = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])
+    # nodes: 0 root, 1 (0,), 2 (1,), 3 (0,0), 4 (0,1), 5 (1,0), 6 (0,0,0)
+    candidates = torch.tensor([9, 10, 11, 12, 13, 14, 15])
+    # root's target is 11 -> node 2; node 2's target 14 -> node 5; node 5 is a leaf.
+    target = torch.tensor([11, 0, 14, 0, 0, 99, 0])
+    assert accepted_path(tree, candidates, target).tolist() == [0, 2, 5]
+    # root's target matches nothing: only the root.
+    assert accepted_path(tree, candidates, torch.tensor([1, 2, 3, 4, 5, 6, 7])).tolist() == [0]
+    # full depth: 10 -> 12 -> 15
+    assert accepted_path(tree, candidates, torch.tensor([10, 12, 0, 15, 0, 0, 0])).tolist() == [0, 1, 3, 6]
+    # a matching grandchild under a rejected child is not accepted
+    assert accepted_path(tree, candidates, torch.tensor([11, 12, 0, 15, 0, 0, 0])).tolist() == [0, 2]
+
+
+def test_one_step_acceptance_probability_matches_enumeration():
+    """P(accept the depth-1 guess x) = p_root(x), exactly as the rule says, per child."""
+    tree = Tree.from_paths([(0,), (1,)])
+    candidates = torch.tensor([0, 3, 1])
+    logits = torch.tensor([[0.5, 1.0, -1.0, 2.0]]).repeat(3, 1)
+    settings = SamplingSettings(1.0)
+    p = logits_to_probs(logits[0], settings)
+    generator = torch.Generator().manual_seed(4)
+    n = 20000
+    outcomes = torch.zeros(3)
+    for _ in range(n):
+        path = accepted_path(tree, candidates, pick_tokens(logits, settings, generator))
+        outcomes[path[-1]] += 1
+    freq = outcomes / n
+    expected = torch.tensor([1 - p[3] - p[1], p[3], p[1]])
+    standard_error = (expected * (1 - expected) / n).sqrt()
+    assert ((freq - expected).abs() < 5 * standard_error).all(), (freq, expected)
