@@ -126,6 +126,14 @@ class MedusaHeads(
             for head in self.heads:
                 head.lm_head.weight.copy_(base_lm_head.weight)
 
+    def generate_model_card(self, *args, **kwargs):
+        """The README written by ``save_pretrained``/``push_to_hub``: our card, from the config."""
+        from huggingface_hub import ModelCard
+
+        from medusa_lite.hub import model_card
+
+        return ModelCard(model_card(self.config))
+
     # -- loading -------------------------------------------------------------------------------
     @classmethod
     def from_pretrained(
