@@ -59,6 +59,7 @@ def logits_to_probs(logits: torch.Tensor, settings: SamplingSettings) -> torch.T
 def pick_tokens(logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of logits [N, V]: the argmax (greedy) or an independent sample."""
     if settings.greedy:
-        return logits.argmax(dim=-1)
+        # In float32, like transformers' greedy search (also ~2x faster than a bf16 argmax on CPU).
+        return logits.float().argmax(dim=-1)
     probs = logits_to_probs(logits, settings)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
