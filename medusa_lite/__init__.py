@@ -10,6 +10,7 @@ from medusa_lite.errors import (
 )
 from medusa_lite.generate import GenerationOutput, GenerationStats, generate
 from medusa_lite.heads import MedusaConfig, MedusaHeads
+from medusa_lite.loading import load
 from medusa_lite.model import MedusaModel
 from medusa_lite.sampling import SamplingSettings, logits_to_probs
 from medusa_lite.tree import Tree, best_tree, default_tree
@@ -31,5 +32,6 @@ __all__ = [
     "best_tree",
     "default_tree",
     "generate",
+    "load",
     "logits_to_probs",
 ]

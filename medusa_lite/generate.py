@@ -16,7 +16,6 @@ accepts as often as the try-children-in-order form.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -201,7 +200,7 @@ def generate(
     Greedy (``temperature=0``) returns the tokens of ``model.base_model.generate(do_sample=False)``;
     with ``temperature > 0`` (and optional ``top_k`` / ``top_p``) tokens follow exactly the target's
     sampling distribution. ``tree`` is a :class:`Tree` or a list of top-k rank paths (default:
-    :func:`medusa_lite.tree.default_tree`). ``streamer`` receives the prompt, then each step's
+    ``model.tree``). ``streamer`` receives the prompt, then each step's
     accepted tokens (e.g. ``transformers.TextStreamer``). Generation stops at any of
     ``eos_token_id`` (default: the model's), included in the output.
     """
@@ -210,7 +209,7 @@ def generate(
     check_tree_attention_supported(model.base_model)
     prompt = as_prompt(input_ids, model.device)
     check_token_ids(prompt, model.config.vocab_size)
-    full_tree = as_tree(tree, model.num_heads)
+    full_tree = as_tree(tree, model.num_heads) if tree is not None else model.tree
     check_topk_fits(full_tree, model.config.vocab_size)
     check_context(prompt.numel(), max_new_tokens, context_limit(model))
     eos = eos_ids(eos_token_id, model)

@@ -28,7 +28,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.model import MedusaModel
-from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, best_tree, default_tree
+from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, tree_for_heads
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
 TREE_FILE_NAME = "tree.json"
@@ -46,15 +46,7 @@ class MissingHeadsError(MedusaError, FileNotFoundError):
 # -- trees -------------------------------------------------------------------------------------
 def default_tree_for(heads: MedusaHeads, num_nodes: int = DEFAULT_TREE_NODES) -> Tree:
     """The tree the heads' own training summary suggests, else the generic CPU default."""
-    summary = heads.config.training_summary or {}
-    if summary.get("tree"):
-        tree = Tree.from_paths(summary["tree"])
-    elif summary.get("topk_accuracy"):
-        tree = best_tree(summary["topk_accuracy"], num_nodes)
-    else:
-        tree = default_tree(heads.config.num_heads, num_nodes)
-    tree.check_fits(heads.config.num_heads)
-    return tree
+    return tree_for_heads(heads.config.num_heads, heads.config.training_summary, num_nodes)
 
 
 def read_tree_file(path: str | os.PathLike) -> Tree:
@@ -108,8 +100,8 @@ def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: str | os.Path
 
 
 def tree_of(model: MedusaModel) -> Tree:
-    """The tree ``load`` chose for ``model`` (default for a model built some other way)."""
-    return getattr(model, "tree", None) or default_tree_for(model.heads)
+    """The tree ``model`` decodes with when ``generate`` is given none."""
+    return model.tree
 
 
 # -- models and heads --------------------------------------------------------------------------
@@ -161,6 +153,5 @@ def load(
         source = heads_source_for(model, heads)
         heads_module = MedusaHeads.from_pretrained(source)
     base, tokenizer = load_target(model, dtype, device)
-    medusa = MedusaModel(base, heads_module).eval()
-    medusa.tree = resolve_tree(tree, heads_module, source)
+    medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source)).eval()
     return medusa, tokenizer

@@ -15,6 +15,7 @@ from transformers import PreTrainedModel
 
 from medusa_lite.errors import IncompatibleHeadsError, UnsupportedModelError
 from medusa_lite.heads import MedusaConfig, MedusaHeads
+from medusa_lite.tree import Tree, as_tree, tree_for_heads
 
 # Attention implementations known to apply an arbitrary additive 4D mask (tree attention).
 TREE_CAPABLE_ATTENTION = ("eager", "sdpa")
@@ -72,15 +73,17 @@ def check_tree_attention_supported(base_model: PreTrainedModel) -> None:
 class MedusaModel(nn.Module):
     """A frozen causal LM plus K Medusa heads reading its last hidden state.
 
-    Holds no decoding state: the KV cache and everything else of a generation live in
-    :func:`medusa_lite.generate`.
+    ``tree`` is the candidate tree ``generate`` uses when given none (like a generation config):
+    by default the one the heads' training summary suggests. The model holds no decoding state:
+    the KV cache and everything else of a generation live in :func:`medusa_lite.generate`.
     """
 
-    def __init__(self, base_model: PreTrainedModel, heads: MedusaHeads, *, freeze_base: bool = True):
+    def __init__(self, base_model: PreTrainedModel, heads: MedusaHeads, *, tree=None, freeze_base: bool = True):
         super().__init__()
         check_heads_fit(base_model, heads.config)
         self.base_model = base_model
         self.heads = heads
+        self.tree: Tree = as_tree(tree, heads.config.num_heads) if tree is not None else tree_for_heads(heads.config.num_heads, heads.config.training_summary)
         if freeze_base:
             base_model.requires_grad_(False)
         parameter = base_model.get_output_embeddings().weight

@@ -189,6 +189,19 @@ def default_tree(num_heads: int, num_nodes: int = DEFAULT_TREE_NODES) -> Tree:
     return best_tree(accuracy, num_nodes)
 
 
+def tree_for_heads(num_heads: int, training_summary: dict | None, num_nodes: int = DEFAULT_TREE_NODES) -> Tree:
+    """The tree heads' training summary suggests ("tree", else best tree from "topk_accuracy"), else the default."""
+    summary = training_summary or {}
+    if summary.get("tree"):
+        tree = Tree.from_paths(summary["tree"])
+    elif summary.get("topk_accuracy"):
+        tree = best_tree(summary["topk_accuracy"], num_nodes)
+    else:
+        tree = default_tree(num_heads, num_nodes)
+    tree.check_fits(num_heads)
+    return tree
+
+
 def as_tree(tree: "Tree | Iterable[Sequence[int]] | None", num_heads: int) -> Tree:
     """Normalise the ``tree=`` argument of ``generate``: None -> default, paths -> Tree."""
     if tree is None:

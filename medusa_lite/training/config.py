@@ -201,6 +201,8 @@ def coerce(value, annotation, key: str, source: str):
         inner = [a for a in args if a is not type(None)]
         return coerce(value, inner[0], key, source)
     if dataclasses.is_dataclass(annotation):
+        if isinstance(value, str):  # --lora "{r: 8, alpha: 16}" on the command line
+            value = yaml.safe_load(value)
         return build_dataclass(annotation, value, prefix=key + ".", source=source)
     if origin is list:
         if isinstance(value, str):

@@ -72,12 +72,12 @@ def check_size(needed_bytes: int, max_cache_gb: float, cache_dir: Path) -> None:
     needed_gb = needed_bytes / GIGABYTE
     if needed_gb > max_cache_gb:
         raise HiddenCacheError(
-            f"the hidden-state cache would take {needed_gb:.2f} GB (> max_cache_gb = {max_cache_gb}); "
+            f"the hidden-state cache would take {needed_gb:.3g} GB (> max_cache_gb = {max_cache_gb}); "
             "raise max_cache_gb, use less data or a smaller max_length, or set precompute_hidden: false"
         )
     free = shutil.disk_usage(nearest_existing(cache_dir)).free
     if needed_bytes > free:
-        raise HiddenCacheError(f"the hidden-state cache needs {needed_gb:.2f} GB but {cache_dir} has only {free / GIGABYTE:.2f} GB free")
+        raise HiddenCacheError(f"the hidden-state cache needs {needed_gb:.3g} GB but {cache_dir} has only {free / GIGABYTE:.3g} GB free")
 
 
 def nearest_existing(path: Path) -> Path:
@@ -105,7 +105,7 @@ def to_bf16_bits(hidden: torch.Tensor) -> np.ndarray:
 
 
 def from_bf16_bits(bits: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(bits).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(bits, copy=True).view(np.int16)).view(torch.bfloat16)
 
 
 def build_cache(

@@ -7,6 +7,7 @@ same checks on the same inputs, so all ranks fail together (none waits forever o
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -108,8 +109,8 @@ def check_free_space(output_dir: Path, needed_bytes: int) -> None:
     free = shutil.disk_usage(output_dir).free
     if free < needed_bytes * FREE_SPACE_MARGIN:
         raise OutputDirError(
-            f"output_dir {output_dir} has {free / GIGABYTE:.2f} GB free but training will write about "
-            f"{needed_bytes / GIGABYTE:.2f} GB (checkpoints, heads, hidden-state cache); free some space, lower "
+            f"output_dir {output_dir} has {free / GIGABYTE:.3g} GB free but training will write about "
+            f"{needed_bytes / GIGABYTE:.3g} GB (checkpoints, heads, hidden-state cache); free some space, lower "
             "keep_checkpoints or max_length, or choose another output_dir"
         )
 
@@ -135,8 +136,7 @@ def load_target(config: TrainConfig, accelerator):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = resolve_dtype(config)
-    plugin = accelerator.state.deepspeed_plugin
-    with plugin.zero3_init_context_manager(enable=False) if plugin is not None else _null():
+    with without_zero3_init(accelerator):
         with accelerator.main_process_first():  # the default model is converted once, by rank 0
             if config.model == DEFAULT_MODEL_KEYWORD:
                 from medusa_lite.default_model import load_base_model
@@ -152,12 +152,25 @@ def load_target(config: TrainConfig, accelerator):
     return model.to(accelerator.device), tokenizer
 
 
-class _null:
-    def __enter__(self):
-        return self
+@contextlib.contextmanager
+def without_zero3_init(accelerator):
+    """Load the frozen target whole on every rank, even under ZeRO-3.
 
-    def __exit__(self, *exc):
-        return False
+    With a ZeRO-3 DeepSpeed config active, transformers' ``from_pretrained`` partitions the
+    weights (a collective call, which would also deadlock inside ``main_process_first``). The
+    target is not trained and stays outside the DeepSpeed engine, so it must be loaded whole.
+    """
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is None or plugin.zero_stage != 3:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()
 
 
 def fresh_heads(config: TrainConfig, base_model) -> MedusaHeads:
@@ -202,11 +215,26 @@ def make_accelerator(config: TrainConfig):
     from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
 
     handlers = [InitProcessGroupKwargs(backend="gloo")] if needs_gloo() else []
-    return Accelerator(
+    accelerator = Accelerator(
         log_with="wandb" if config.wandb is not None else None,
         project_config=ProjectConfiguration(project_dir=config.output_dir, automatic_checkpoint_naming=False),
         kwargs_handlers=handlers,
     )
+    check_processes_connected(accelerator)
+    return accelerator
+
+
+def check_processes_connected(accelerator) -> None:
+    """Several processes that accelerate does not synchronise would train independent copies."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.num_processes > 1 and accelerator.distributed_type == DistributedType.NO:
+        raise TrainingConfigError(
+            f"accelerate started {accelerator.num_processes} processes but does not synchronise them (distributed_type NO): "
+            "each would train its own copy of the heads. On CPU launch with "
+            "`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
+            "(or --config_file configs/accelerate_cpu_2proc.yaml with ACCELERATE_USE_CPU=true)"
+        )
 
 
 def fill_deepspeed_config(accelerator, config: TrainConfig) -> None:
@@ -354,9 +382,9 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
     needed = hidden_cache.estimate_cache_bytes(samples, hidden_size, config.num_heads)
     info = hidden_cache.read_info(cache_dir)
     if info is not None and info.get("fingerprint") == print_value:
-        log.say(f"hidden-state cache: reusing {cache_dir} ({needed / GIGABYTE:.3f} GB, {info['positions']} positions)")
+        log.say(f"hidden-state cache: reusing {cache_dir} ({needed / GIGABYTE:.3g} GB, {info['positions']} positions)")
         return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads), 0.0
-    log.say(f"hidden-state cache: {info and 'rebuilding (data or model changed)' or 'building'} {cache_dir}: {needed / GIGABYTE:.3f} GB in bfloat16 (max_cache_gb {config.max_cache_gb})")
+    log.say(f"hidden-state cache: {info and 'rebuilding (data or model changed)' or 'building'} {cache_dir}: {needed / GIGABYTE:.3g} GB in bfloat16 (max_cache_gb {config.max_cache_gb})")
     hidden_cache.check_size(needed, config.max_cache_gb, cache_dir)
     started = time.perf_counter()
     bar = tqdm(total=len(samples), desc="caching hidden states", disable=not accelerator.is_main_process, dynamic_ncols=True)
@@ -620,9 +648,14 @@ def save_results(run: Run, summary: dict, output_dir: Path) -> tuple[Path, Path 
 
 
 def gather_digests(accelerator, module) -> list[str]:
-    from accelerate.utils import gather_object
-
-    return gather_object([weights_digest(module)])
+    """Every rank's digest of its trainable weights (straight from torch.distributed, so that
+    unsynchronised processes cannot hide behind a no-op gather)."""
+    digest = weights_digest(module)
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return [digest]
+    gathered = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(gathered, digest)
+    return gathered
 
 
 def run_steps(run: Run) -> tuple[int, int, float]:

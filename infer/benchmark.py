@@ -1,0 +1,323 @@
+"""Spec-Bench: medusa-lite against plain ``model.generate`` and prompt-lookup decoding, side by side.
+
+    python infer/benchmark.py --quick 26          # 2 questions per category (the default)
+    python infer/benchmark.py --full --dtype fp32 --threads 2
+    python infer/benchmark.py --model M --heads H --tree tree.json --out outputs/benchmark-M
+
+For each question: the first turn through the chat template, greedy, ``--max-new-tokens`` new
+tokens at most (all methods stop at EOS). The three methods run in the same process,
+interleaved per question, in an order rotated per question so none always runs first (caches,
+thermal state); one warm-up run of each comes first.
+
+- ``plain``: ``model.generate(do_sample=False)``.
+- ``pld``: transformers' prompt-lookup decoding, ``prompt_lookup_num_tokens=10``.
+- ``medusa``: :func:`medusa_lite.generate` with the model's tree (see ``medusa_lite.load``).
+
+Reported per category and overall: mean accepted tokens per step (new tokens / target calls, the
+prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
+hook for plain and PLD), tokens/s, speed-up vs plain (plain's total time / the method's total
+time), and the fraction of outputs token-identical to plain greedy. Writes ``results.json``
+(every question, the summary, machine, threads, dtype, versions, date), ``results.md`` and two
+PNG plots into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
+from tqdm import tqdm
+
+from medusa_lite.cli import chat_input_ids, machine_info, plain_generate, set_threads, timed
+from medusa_lite.errors import MedusaError
+from medusa_lite.generate import generate
+from medusa_lite.loading import DTYPES, load, tree_of
+from medusa_lite.model import MedusaModel
+from medusa_lite.sampling import SamplingSettings
+from medusa_lite.tree import Tree
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_QUESTIONS = REPO_ROOT / "data" / "spec_bench" / "question.jsonl"
+DEFAULT_OUT = Path("outputs/benchmark")
+DEFAULT_MAX_NEW_TOKENS = 128
+DEFAULT_QUICK = 26
+PLD_NUM_TOKENS = 10
+WARMUP_TOKENS = 16
+METHODS = ("plain", "pld", "medusa")
+LABELS = {"plain": "plain generate", "pld": "prompt lookup (PLD)", "medusa": "medusa-lite"}
+OVERALL = "overall"
+GREEDY = SamplingSettings()
+
+
+# -- questions ---------------------------------------------------------------------------------
+def read_questions(path: str | Path) -> list[dict]:
+    with open(path, encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def categories_in_order(questions: Sequence[dict]) -> list[str]:
+    return list(dict.fromkeys(question["category"] for question in questions))
+
+
+def stratified_subset(questions: Sequence[dict], n: int) -> list[dict]:
+    """``n`` questions taken round-robin over the categories (the i-th of each category in turn)."""
+    by_category = {category: [q for q in questions if q["category"] == category] for category in categories_in_order(questions)}
+    chosen: list[dict] = []
+    depth = 0
+    while len(chosen) < min(n, len(questions)):
+        for category_questions in by_category.values():
+            if depth < len(category_questions) and len(chosen) < n:
+                chosen.append(category_questions[depth])
+        depth += 1
+    return chosen
+
+
+def rotated(methods: Sequence[str], index: int) -> list[str]:
+    shift = index % len(methods)
+    return list(methods[shift:]) + list(methods[:shift])
+
+
+# -- the three methods -------------------------------------------------------------------------
+@dataclass
+class Result:
+    tokens: list[int]
+    seconds: float
+    target_calls: int
+    steps: int = 0  # medusa only: verification steps
+    accepted_at_depth: list[int] = field(default_factory=list)  # medusa only
+
+
+class CallCounter:
+    """Counts forwards of a module while active (a forward pre-hook)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.module, self.calls, self.handle = module, 0, None
+
+    def __enter__(self) -> "CallCounter":
+        self.handle = self.module.register_forward_pre_hook(self._count)
+        return self
+
+    def _count(self, module, args) -> None:
+        self.calls += 1
+
+    def __exit__(self, *exc) -> None:
+        self.handle.remove()
+
+
+def run_hf(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, **extra) -> Result:
+    with CallCounter(model.base_model) as counter:
+        tokens, seconds = timed(lambda: plain_generate(model.base_model, input_ids, max_new_tokens, GREEDY, **extra))
+    return Result(tokens.tolist(), seconds, counter.calls)
+
+
+def run_plain(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree) -> Result:
+    return run_hf(model, input_ids, max_new_tokens)
+
+
+def run_pld(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree) -> Result:
+    return run_hf(model, input_ids, max_new_tokens, prompt_lookup_num_tokens=PLD_NUM_TOKENS)
+
+
+def run_medusa(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree) -> Result:
+    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, tree=tree))
+    stats = output.stats
+    return Result(output.sequences[0, input_ids.shape[1] :].tolist(), seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth))
+
+
+RUNNERS: dict[str, Callable[..., Result]] = {"plain": run_plain, "pld": run_pld, "medusa": run_medusa}
+
+
+def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
+    """Index of the first differing token (or the shorter length), None when identical."""
+    for index, (a, b) in enumerate(zip(tokens, reference)):
+        if a != b:
+            return index
+    return None if len(tokens) == len(reference) else min(len(tokens), len(reference))
+
+
+def question_record(question: dict, order: Sequence[str], results: dict[str, Result]) -> dict:
+    reference = results["plain"].tokens
+    methods = {}
+    for method, result in results.items():
+        difference = first_difference(result.tokens, reference)
+        methods[method] = {
+            "new_tokens": len(result.tokens),
+            "seconds": result.seconds,
+            "target_calls": result.target_calls,
+            "identical_to_plain": difference is None,
+            "first_difference": difference,
+            "steps": result.steps,
+            "accepted_at_depth": result.accepted_at_depth,
+        }
+    return {"question_id": question["question_id"], "category": question["category"], "order": list(order), "methods": methods}
+
+
+# -- summary -----------------------------------------------------------------------------------
+def method_summary(records: Sequence[dict], method: str) -> dict:
+    runs = [record["methods"][method] for record in records]
+    plain_seconds = sum(record["methods"]["plain"]["seconds"] for record in records)
+    tokens, seconds, calls = (sum(run[key] for run in runs) for key in ("new_tokens", "seconds", "target_calls"))
+    summary = {
+        "questions": len(runs),
+        "new_tokens": tokens,
+        "seconds": seconds,
+        "target_calls": calls,
+        "mean_accepted_tokens": tokens / calls if calls else 0.0,
+        "tokens_per_second": tokens / seconds if seconds else 0.0,
+        "speedup": plain_seconds / seconds if seconds else 0.0,
+        "identical_fraction": sum(run["identical_to_plain"] for run in runs) / len(runs) if runs else 0.0,
+    }
+    steps = sum(run["steps"] for run in runs)
+    if steps:
+        depth = max(len(run["accepted_at_depth"]) for run in runs)
+        accepted = [sum(run["accepted_at_depth"][d] for run in runs if d < len(run["accepted_at_depth"])) for d in range(depth)]
+        summary["acceptance_rate_by_depth"] = [count / steps for count in accepted]
+    return summary
+
+
+def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
+    """{category or "overall": {method: summary}}."""
+    groups = {category: [r for r in records if r["category"] == category] for category in categories_in_order(records)}
+    groups[OVERALL] = list(records)
+    return {name: {method: method_summary(group, method) for method in METHODS} for name, group in groups.items()}
+
+
+def markdown_table(summary: dict[str, dict[str, dict]]) -> str:
+    header = (
+        "| category | n | plain tok/s | PLD acc. | PLD tok/s | PLD speed-up | PLD identical "
+        "| medusa acc. | medusa tok/s | medusa speed-up | medusa identical |"
+    )
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for name, methods in summary.items():
+        plain, pld, medusa = methods["plain"], methods["pld"], methods["medusa"]
+        label = f"**{name}**" if name == OVERALL else name
+        lines.append(
+            f"| {label} | {plain['questions']} | {plain['tokens_per_second']:.1f} "
+            f"| {pld['mean_accepted_tokens']:.2f} | {pld['tokens_per_second']:.1f} | {pld['speedup']:.2f}x | {pld['identical_fraction']:.0%} "
+            f"| {medusa['mean_accepted_tokens']:.2f} | {medusa['tokens_per_second']:.1f} | {medusa['speedup']:.2f}x | {medusa['identical_fraction']:.0%} |"
+        )
+    return "\n".join(lines)
+
+
+def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
+    names = list(summary)
+    positions = range(len(names))
+    width = 0.4
+    figure = Figure(figsize=(max(6, 0.7 * len(names) + 2), 4))
+    axes = figure.subplots()
+    for offset, method in ((-width / 2, "medusa"), (width / 2, "pld")):
+        bars = axes.bar([p + offset for p in positions], [summary[n][method]["speedup"] for n in names], width, label=LABELS[method])
+        axes.bar_label(bars, fmt="%.2f", fontsize=7)
+    axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    axes.set_xticks(list(positions), names, rotation=45, ha="right")
+    axes.set_ylabel("speed-up vs plain generate")
+    axes.set_title("Spec-Bench speed-up by category")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def plot_acceptance(summary: dict[str, dict[str, dict]], path: Path) -> None:
+    rates = summary[OVERALL]["medusa"].get("acceptance_rate_by_depth", [])
+    figure = Figure(figsize=(5, 3.5))
+    axes = figure.subplots()
+    depths = [d + 1 for d in range(len(rates))]
+    axes.bar_label(axes.bar(depths, rates), fmt="%.2f")
+    axes.set_xticks(depths)
+    axes.set_xlabel("tree depth (head)")
+    axes.set_ylabel("fraction of steps accepting a guess")
+    axes.set_ylim(0, 1)
+    axes.set_title("medusa-lite acceptance by depth")
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+# -- the command -------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Spec-Bench: medusa-lite vs plain generate vs prompt lookup, greedy.")
+    parser.add_argument("--model", default=None, help="HF model folder or Hub id (default: SmolLM2-135M-Instruct)")
+    parser.add_argument("--heads", default=None, help="Medusa heads folder or Hub repo (default: the shipped heads)")
+    parser.add_argument("--tree", default=None, help="tree.json (default: as medusa_lite.load chooses)")
+    parser.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
+    subset = parser.add_mutually_exclusive_group()
+    subset.add_argument("--quick", type=int, default=DEFAULT_QUICK, metavar="N", help=f"N questions stratified across categories (default {DEFAULT_QUICK})")
+    subset.add_argument("--full", action="store_true", help="all questions")
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", default=str(DEFAULT_OUT))
+    return parser
+
+
+def warm_up(model: MedusaModel, input_ids: torch.Tensor, tree: Tree) -> None:
+    for method in METHODS:
+        RUNNERS[method](model, input_ids, WARMUP_TOKENS, tree)
+
+
+def run_benchmark(model: MedusaModel, tokenizer, questions: Sequence[dict], max_new_tokens: int) -> list[dict]:
+    tree = tree_of(model)
+    prompts = [chat_input_ids(tokenizer, question["turns"][0]).to(model.device) for question in questions]
+    warm_up(model, prompts[0], tree)
+    records = []
+    for index, (question, input_ids) in enumerate(tqdm(list(zip(questions, prompts)), desc="Spec-Bench")):
+        order = rotated(METHODS, index)
+        results = {method: RUNNERS[method](model, input_ids, max_new_tokens, tree) for method in order}
+        records.append(question_record(question, order, results))
+    return records
+
+
+def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({**settings, "summary": summary, "questions": list(records)}, indent=1) + "\n", encoding="utf-8")
+    machine = settings["machine"]
+    heading = (
+        f"Spec-Bench, {settings['num_questions']} questions, greedy, max {settings['max_new_tokens']} new tokens; "
+        f"{machine['cpu']}, {machine['torch_threads']} threads, {machine['dtype']}; tree of {settings['tree_nodes']} nodes; "
+        f"torch {machine['torch']}, transformers {machine['transformers']}; {machine['date']}.\n"
+        "acc. = mean accepted tokens per target call (bonus and prefill counted; plain = 1.00); "
+        "speed-up = plain's total time / the method's; identical = outputs token-identical to plain greedy.\n\n"
+    )
+    (out / "results.md").write_text(heading + markdown_table(summary) + "\n", encoding="utf-8")
+    plot_speedup(summary, out / "speedup_by_category.png")
+    plot_acceptance(summary, out / "acceptance_by_depth.png")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        set_threads(args.threads)
+        dtype = DTYPES[args.dtype]
+        model, tokenizer = load(args.model, heads=args.heads, dtype=dtype, tree=args.tree)
+        questions = read_questions(args.questions)
+        questions = questions if args.full else stratified_subset(questions, args.quick)
+        records = run_benchmark(model, tokenizer, questions, args.max_new_tokens)
+    except MedusaError as error:
+        print(f"benchmark: error: {error}", file=sys.stderr)
+        return 2
+    summary = summarize(records)
+    tree = tree_of(model)
+    settings = {
+        "command": " ".join(sys.argv),
+        "model": args.model or "default",
+        "heads": args.heads or "shipped",
+        "num_questions": len(records),
+        "max_new_tokens": args.max_new_tokens,
+        "pld_num_tokens": PLD_NUM_TOKENS,
+        "tree_nodes": tree.num_nodes,
+        "tree": [list(path) for path in tree.paths],
+        "machine": machine_info(dtype),
+    }
+    write_outputs(Path(args.out), summary, records, settings)
+    print(markdown_table(summary))
+    print(f"wrote {args.out}/results.json, results.md, speedup_by_category.png, acceptance_by_depth.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,75 @@
+"""``infer/benchmark.py`` end to end on a tiny model, and ``infer/microbench.py``."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from test_cli import import_infer_script, save_tiny_checkpoint
+
+benchmark = import_infer_script("benchmark")
+microbench = import_infer_script("microbench")
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a short poem about the sea and the moon.", "Now shorter."]},
+    {"question_id": 2, "category": "qa", "turns": ["What is the capital city of France?"]},
+    {"question_id": 3, "category": "writing", "turns": ["Describe a busy market in the morning."]},
+]
+OUTPUT_FILES = ("results.json", "results.md", "speedup_by_category.png", "acceptance_by_depth.png")
+
+
+def test_carried_spec_bench_copy():
+    questions = benchmark.read_questions(benchmark.DEFAULT_QUESTIONS)
+    assert len(questions) == 480 and len(benchmark.categories_in_order(questions)) == 13
+    assert (benchmark.DEFAULT_QUESTIONS.parent / "README.md").read_text().count("Apache") >= 1
+
+
+def test_stratified_subset_and_rotation():
+    questions = benchmark.read_questions(benchmark.DEFAULT_QUESTIONS)
+    subset = benchmark.stratified_subset(questions, 26)
+    assert len(subset) == 26 and set(Counter(q["category"] for q in subset).values()) == {2}
+    assert len({q["question_id"] for q in subset}) == 26
+    assert len(benchmark.stratified_subset(questions, 5)) == 5
+    assert benchmark.stratified_subset(QUESTIONS, 10) == [QUESTIONS[0], QUESTIONS[1], QUESTIONS[2]]
+    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(4)] == ["plain", "pld", "medusa", "plain"]
+
+
+def test_first_difference():
+    assert benchmark.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert benchmark.first_difference([1, 5, 3], [1, 2, 3]) == 1
+    assert benchmark.first_difference([1, 2], [1, 2, 3]) == 2
+
+
+def test_benchmark_end_to_end_fp32(tmp_path):
+    model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
+    questions_file = tmp_path / "questions.jsonl"
+    questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    out = tmp_path / "bench"
+    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file), "--quick", "3"]
+    assert benchmark.main([*args, "--max-new-tokens", "16", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    for name in OUTPUT_FILES:
+        assert (out / name).stat().st_size > 0, name
+
+    results = json.loads((out / "results.json").read_text())
+    assert results["num_questions"] == 3 and results["machine"]["dtype"] == "float32" and results["machine"]["torch_threads"] == 1
+    assert results["machine"]["cpu"] and results["machine"]["transformers"] and results["machine"]["date"]
+    assert [q["order"][0] for q in results["questions"]] == ["plain", "pld", "medusa"]
+    overall = results["summary"]["overall"]
+    assert set(results["summary"]) == {"writing", "qa", "overall"}
+    assert overall["plain"]["mean_accepted_tokens"] == 1.0 and overall["plain"]["speedup"] == 1.0
+    assert overall["medusa"]["identical_fraction"] == 1.0
+    assert overall["medusa"]["mean_accepted_tokens"] >= 1.0 and overall["pld"]["mean_accepted_tokens"] >= 1.0
+    assert len(overall["medusa"]["acceptance_rate_by_depth"]) == max(len(path) for path in results["tree"])
+    for record in results["questions"]:
+        plain, medusa = record["methods"]["plain"], record["methods"]["medusa"]
+        assert medusa["new_tokens"] == plain["new_tokens"] and plain["target_calls"] == plain["new_tokens"]
+        assert medusa["target_calls"] == medusa["steps"] + 1
+
+    table = (out / "results.md").read_text()
+    assert "| **overall** | 3 |" in table and "float32" in table
+
+
+def test_microbench_runs_on_a_tiny_random_model(capsys):
+    assert microbench.main(["--max-new-tokens", "16", "--repeats", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "plain model.generate" in out and "identical to plain: yes" in out

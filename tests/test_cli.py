@@ -1,0 +1,158 @@
+"""``medusa_lite.load`` and the ``medusa-lite`` command, on a tiny random model saved to disk."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_models import tiny_base_model
+from tiny_tokenizer import make_tiny_tokenizer
+
+from medusa_lite import MedusaModel, default_tree
+from medusa_lite.cli import chat_input_ids, main
+from medusa_lite.errors import TreeError
+from medusa_lite.loading import MissingHeadsError, default_tree_for, load, read_tree_file, tree_of, write_tree_file
+from medusa_lite.tree import Tree, best_tree
+
+NUM_HEADS = 3
+TOPK_ACCURACY = [[0.6, 0.2, 0.1], [0.4, 0.15, 0.1], [0.3, 0.1, 0.05]]
+PROMPT = "Why is the sky blue?"
+INFER_DIR = Path(__file__).resolve().parent.parent / "infer"
+
+
+def save_tiny_checkpoint(folder: Path, *, training_summary: dict | None = None) -> tuple[Path, Path]:
+    """A tiny llama + ChatML tokenizer in ``folder/model``, fresh (identity) heads in ``folder/heads``.
+
+    Fresh heads guess the target's own next token, which a tiny random model often repeats, so
+    some guesses are accepted and the acceptance path is exercised.
+    """
+    tokenizer = make_tiny_tokenizer()
+    base = tiny_base_model(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, logit_scale=4.0)
+    base.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    heads = MedusaModel.with_new_heads(base, NUM_HEADS).heads
+    heads.config.training_summary = dict(training_summary or {})
+    heads.save_pretrained(folder / "heads")
+    return folder / "model", folder / "heads"
+
+
+def import_infer_script(name: str):
+    """Import ``infer/<name>.py`` (a script folder, not a package) as module ``infer_<name>``."""
+    path = INFER_DIR / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"infer_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), training_summary={"topk_accuracy": TOPK_ACCURACY})
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main([*args, "--threads", "1"])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def summary_numbers(out: str) -> dict:
+    match = re.search(r"\[medusa-lite\] (\d+) new tokens in [\d.]+ s: ([\d.]+) tokens/s, ([\d.]+) mean accepted tokens per step \((\d+)-node tree", out)
+    assert match, out
+    return {"new_tokens": int(match[1]), "tokens_per_second": float(match[2]), "mean_accepted": float(match[3]), "tree_nodes": int(match[4])}
+
+
+# -- load --------------------------------------------------------------------------------------
+def test_load_uses_training_summary_accuracies(checkpoint):
+    model_dir, heads_dir = checkpoint
+    model, tokenizer = load(model_dir, heads=heads_dir, dtype=torch.float32)
+    assert isinstance(model, MedusaModel) and model.num_heads == NUM_HEADS
+    assert model.base_model.config._attn_implementation == "sdpa"
+    assert model.base_model.dtype == torch.float32 and next(model.heads.parameters()).dtype == torch.float32
+    assert model.tree == default_tree_for(model.heads) == best_tree(TOPK_ACCURACY, 16)
+    assert tree_of(model) == model.tree
+    assert chat_input_ids(tokenizer, PROMPT).shape[0] == 1
+
+
+def test_load_prefers_tree_argument_then_tree_json(tmp_path):
+    model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
+    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree == default_tree(NUM_HEADS)
+    write_tree_file(heads_dir / "tree.json", Tree.from_paths([[0], [0, 0]]), {"note": "test"})
+    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree.paths == ((0,), (0, 0))
+    assert load(model_dir, heads=heads_dir, dtype=torch.float32, tree=[[0], [1]])[0].tree.paths == ((0,), (1,))
+
+
+def test_default_tree_for_prefers_an_explicit_tree(checkpoint):
+    model, _ = load(*checkpoint[:1], heads=checkpoint[1], dtype=torch.float32)
+    model.heads.config.training_summary = {"tree": [[0], [0, 0], [0, 0, 0]], "topk_accuracy": TOPK_ACCURACY}
+    assert default_tree_for(model.heads).paths == ((0,), (0, 0), (0, 0, 0))
+
+
+def test_missing_heads_give_clear_errors(tmp_path, checkpoint, monkeypatch):
+    monkeypatch.setattr("medusa_lite.loading.DEFAULT_HEADS_DIR", tmp_path / "not-shipped-yet")
+    with pytest.raises(MissingHeadsError, match="not shipped yet"):
+        load()
+    with pytest.raises(MissingHeadsError, match="heads="):
+        load(checkpoint[0])
+
+
+def test_bad_tree_files_are_rejected(tmp_path):
+    (tmp_path / "tree.json").write_text(json.dumps({"nodes": 3}))
+    with pytest.raises(TreeError, match="'paths'"):
+        read_tree_file(tmp_path / "tree.json")
+    with pytest.raises(TreeError, match="does not exist"):
+        read_tree_file(tmp_path / "missing.json")
+
+
+# -- the command -------------------------------------------------------------------------------
+def test_cli_greedy_streams_text_and_compares(checkpoint, capsys):
+    model_dir, heads_dir = checkpoint
+    code, out, _ = run_cli(capsys, "--model", str(model_dir), "--heads", str(heads_dir), "--prompt", PROMPT, "--max-new-tokens", "20", "--dtype", "fp32", "--compare")
+    assert code == 0
+    numbers = summary_numbers(out)
+    assert 1 <= numbers["new_tokens"] <= 20 and numbers["mean_accepted"] >= 1.0
+    assert numbers["tree_nodes"] == best_tree(TOPK_ACCURACY, 16).num_nodes
+    assert "identical outputs: yes" in out and re.search(r"speed-up [\d.]+x", out)
+    assert PROMPT not in out  # the prompt is not streamed back
+
+    model, tokenizer = load(model_dir, heads=heads_dir, dtype=torch.float32)
+    from medusa_lite import generate
+
+    input_ids = chat_input_ids(tokenizer, PROMPT)
+    tokens = generate(model, input_ids, 20, tree=model.tree).sequences[0, input_ids.shape[1] :]
+    assert out.startswith(tokenizer.decode(tokens, skip_special_tokens=True).strip()[:10])
+
+
+def test_cli_sampling_is_seeded(checkpoint, capsys):
+    model_dir, heads_dir = checkpoint
+    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--max-new-tokens", "16", "--dtype", "fp32", "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95", "--seed", "3"]
+    first = run_cli(capsys, *args, "--compare")
+    second = run_cli(capsys, *args)
+    assert first[0] == second[0] == 0
+    assert "identical outputs: n/a (sampling)" in first[1]
+    assert first[1].split("[medusa-lite]")[0] == second[1].split("[medusa-lite]")[0]
+
+
+def test_cli_tree_file(checkpoint, capsys, tmp_path):
+    write_tree_file(tmp_path / "tree.json", Tree.from_paths([[0], [0, 0]]), {})
+    model_dir, heads_dir = checkpoint
+    code, out, _ = run_cli(capsys, "--model", str(model_dir), "--heads", str(heads_dir), "--tree", str(tmp_path / "tree.json"), "--max-new-tokens", "8", "--dtype", "fp32")
+    assert code == 0 and summary_numbers(out)["tree_nodes"] == 3
+
+
+def test_cli_reports_errors_without_traceback(checkpoint, capsys):
+    code, _, err = run_cli(capsys, "--model", str(checkpoint[0]))
+    assert code == 2 and "heads" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_python_dash_m_entry_point():
+    result = subprocess.run([sys.executable, "-m", "medusa_lite", "--help"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "--compare" in result.stdout
