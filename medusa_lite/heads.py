@@ -108,15 +108,15 @@ class MedusaHeads(
         self.config = config
         self.heads = nn.ModuleList(MedusaHead(config) for _ in range(config.num_heads))
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden states [..., H] -> per-head hidden states [..., K, H] (before any lm_head)."""
-        return torch.stack([head(hidden) for head in self.heads], dim=-2)
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Hidden states [..., H] -> the first ``num_heads`` (default all) heads' hidden states [..., k, H]."""
+        return torch.stack([head(hidden) for head in self.heads[:num_heads]], dim=-2)
 
     def project(self, head_hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
-        """Per-head hidden states [..., K, H] -> per-head logits [..., K, V]."""
+        """Per-head hidden states [..., k, H] (the first k heads) -> per-head logits [..., k, V]."""
         if self.config.use_base_lm_head:
             return base_lm_head(head_hidden)
-        return torch.stack([head.lm_head(head_hidden[..., k, :]) for k, head in enumerate(self.heads)], dim=-2)
+        return torch.stack([self.heads[k].lm_head(head_hidden[..., k, :]) for k in range(head_hidden.shape[-2])], dim=-2)
 
     def init_lm_heads_from(self, base_lm_head: nn.Module) -> None:
         """Copy the base model's output projection into each head's own lm_head (if any)."""

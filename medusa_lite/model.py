@@ -122,9 +122,9 @@ class MedusaModel(nn.Module):
         out = self.base_model(input_ids=input_ids, output_hidden_states=True, **kwargs)
         return TargetOutput(logits=out.logits, hidden=out.hidden_states[-1])
 
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final hidden states [..., H] -> all heads' logits [..., K, V]."""
-        return self.heads.project(self.heads(hidden), self.base_model.get_output_embeddings())
+    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+        """Final hidden states [..., H] -> the first ``num_heads`` (default all) heads' logits [..., k, V]."""
+        return self.heads.project(self.heads(hidden, num_heads), self.base_model.get_output_embeddings())
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Base logits [B, T, V] and head logits [B, T, K, V] from one forward (for training)."""

@@ -53,12 +53,13 @@ class OracleMedusaModel(MedusaModel):
         with torch.no_grad():
             self.reference_hidden = base_model(reference[None], output_hidden_states=True).hidden_states[-1][0]
 
-    def head_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
         distance = (self.reference_hidden - hidden).abs().amax(dim=-1)
         position = int(distance.argmin())
         assert float(distance[position]) < 1e-3, "oracle: hidden state not on the reference path"
-        logits = torch.zeros(self.num_heads, self.config.vocab_size)
-        for k in range(self.num_heads):
+        count = self.num_heads if num_heads is None else num_heads
+        logits = torch.zeros(count, self.config.vocab_size)
+        for k in range(count):
             ahead = position + 2 + k
             if ahead < self.reference.numel():
                 logits[k, self.reference[ahead]] = 1.0
