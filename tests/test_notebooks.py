@@ -36,3 +36,23 @@ def test_quickstart_runs_on_a_tiny_model(tmp_path):
     assert "identical: True" in text and "mean accepted tokens per step" in text
     images = [o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "the acceptance plot was not drawn"
+
+
+@pytest.mark.slow
+def test_train_heads_notebook_runs_end_to_end_on_a_tiny_model(tmp_path):
+    from test_self_distill import make_chatty_model
+    from tiny_tokenizer import make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    make_chatty_model(tokenizer).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    repo = NOTEBOOKS.parent
+    parameters = (
+        f'MODEL = "{tmp_path / "model"}"\nDATA = None\nNUM_SAMPLES = 16\n'
+        f'CONFIG = "{repo / "configs" / "tiny_test.yaml"}"\nOVERRIDES = ["--max_steps", "20", "--num_heads", "2"]\n'
+        f'OUTPUT_DIR = "{tmp_path / "run"}"\nPROMPT = "hello there"'
+    )
+    notebook = run_notebook("train_heads.ipynb", parameters, NOTEBOOKS)
+    text = outputs_text(notebook)
+    assert "identical to plain greedy: True" in text
+    assert (tmp_path / "run" / "heads" / "model.safetensors").is_file()
