@@ -56,7 +56,7 @@ class TrainConfig:
     data: str = ""  # .jsonl/.json (ShareGPT "conversations" or "messages", or "text") or .txt
     data_format: str = "auto"  # auto | chat | text
     output_dir: str = "runs/heads"
-    dtype: str = "auto"  # dtype the frozen target is loaded in
+    dtype: str = "auto"  # the target's dtype; auto: as stored (bf16 for "default"), computed in float32 on CPU
     attn_implementation: str = "sdpa"
     # -- heads
     num_heads: int = 4

@@ -1,18 +1,15 @@
 """Head training, start to finish: checks, data, (cache), loop, evaluation, save, push.
 
-Everything that can fail cheaply is checked before the first step: config (in config.py), wandb
-credentials, output folder writable and free space, data usable, cache size. Every rank runs the
-same checks on the same inputs, so all ranks fail together (none waits forever on the others).
+Everything that can fail cheaply is checked before the first step (config.py, checks.py, the data
+and cache modules); then the loop runs, evaluates on the held-out split and saves.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import math
-import netrc
 import os
 import shutil
 import time
@@ -23,23 +20,20 @@ import torch
 from tqdm.auto import tqdm
 
 from medusa_lite.heads import MedusaConfig, MedusaHeads
-from medusa_lite.model import MedusaModel
 from medusa_lite.training import checkpoint as ckpt
 from medusa_lite.training import hidden_cache
-from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
+from medusa_lite.training.checks import HEADS_DIR, check_free_space, check_output_dir, check_tracker, estimate_output_bytes
+from medusa_lite.training.config import TrainConfig
 from medusa_lite.training.data import TokenizedData, batch_indices, collate, load_training_data
-from medusa_lite.training.errors import NonFiniteLossError, OutputDirError, TrackerError, TrainingConfigError, TrainingDataError
+from medusa_lite.training.errors import NonFiniteLossError, TrainingDataError
 from medusa_lite.training.losses import IGNORE, HeadStats, gather_rows, head_targets
-from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective, last_hidden
+from medusa_lite.training.objective import last_hidden
+from medusa_lite.training.setup import build_objective, fill_deepspeed_config, fresh_heads, is_zero3, load_target, make_accelerator
 
-HEADS_DIR = "heads"
 ADAPTER_DIR = "adapter"
 METRICS_NAME = "metrics.jsonl"
+TRAIN_TOPK = 1  # training batches report top-1 only (top-k over the vocabulary costs time); eval reports top-k
 GIGABYTE = 1e9
-FREE_SPACE_MARGIN = 1.2
-ADAM_STATE_COPIES = 3  # weights + two moments, float32
-OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -50,209 +44,6 @@ class TrainResult:
     summary: dict
     history: list[dict] = field(default_factory=list)
     push_error: str | None = None
-
-
-# -- up-front checks ----------------------------------------------------------------------------
-
-
-def wandb_key_available() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
-    netrc_path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    try:
-        return netrc.netrc(str(netrc_path)).authenticators(host) is not None
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        return False
-
-
-def check_tracker(config: TrainConfig) -> None:
-    if config.wandb is None:
-        return
-    try:
-        import wandb  # noqa: F401
-    except ImportError as error:
-        raise TrackerError("a wandb section is configured but the wandb package is not installed (pip install wandb)") from error
-    mode = os.environ.get("WANDB_MODE", "").lower()
-    if mode not in OFFLINE_WANDB_MODES and not wandb_key_available():
-        raise TrackerError(
-            "wandb is configured (wandb.project = %r) but no API key was found (WANDB_API_KEY or ~/.netrc) "
-            "and WANDB_MODE is not offline: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline "
-            "to log locally (sync later with `wandb sync`)" % config.wandb.project
-        )
-
-
-def check_output_dir(output_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Writable, and not holding another run that a fresh start would clobber."""
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".write-test-{os.getpid()}"
-        with open(probe, "wb") as handle:
-            handle.write(b"medusa-lite")
-            handle.flush()
-            os.fsync(handle.fileno())
-        probe.unlink()
-    except OSError as error:
-        raise OutputDirError(f"output_dir {output_dir} is not writable ({type(error).__name__}: {error}); choose another output_dir") from error
-    if resume or overwrite:
-        return
-    previous = ckpt.complete_checkpoints(output_dir / ckpt.CHECKPOINTS_DIR)
-    if previous or (output_dir / HEADS_DIR / "config.json").exists():
-        raise OutputDirError(
-            f"output_dir {output_dir} already holds a training run ({len(previous)} checkpoint(s), heads: "
-            f"{(output_dir / HEADS_DIR).exists()}); pass --resume to continue it, --overwrite_output_dir true to start over, "
-            "or choose another output_dir"
-        )
-
-
-def check_free_space(output_dir: Path, needed_bytes: int) -> None:
-    free = shutil.disk_usage(output_dir).free
-    if free < needed_bytes * FREE_SPACE_MARGIN:
-        raise OutputDirError(
-            f"output_dir {output_dir} has {free / GIGABYTE:.3g} GB free but training will write about "
-            f"{needed_bytes / GIGABYTE:.3g} GB (checkpoints, heads, hidden-state cache); free some space, lower "
-            "keep_checkpoints or max_length, or choose another output_dir"
-        )
-
-
-def estimate_output_bytes(config: TrainConfig, objective: torch.nn.Module, cache_bytes: int) -> int:
-    trainable = sum(p.numel() for p in objective.parameters() if p.requires_grad)
-    frozen_saved = sum(p.numel() * p.element_size() for p in objective.parameters() if not p.requires_grad)
-    per_checkpoint = trainable * 4 * ADAM_STATE_COPIES + frozen_saved
-    return per_checkpoint * (config.keep_checkpoints + 1) + trainable * 4 + cache_bytes
-
-
-# -- model --------------------------------------------------------------------------------------
-
-
-def resolve_dtype(config: TrainConfig):
-    if config.dtype != "auto":
-        return DTYPES[config.dtype]
-    return torch.bfloat16 if config.model == DEFAULT_MODEL_KEYWORD else "auto"
-
-
-def load_target(config: TrainConfig, accelerator):
-    """The frozen target and its tokenizer (never partitioned by ZeRO-3: it lives outside the engine)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dtype = resolve_dtype(config)
-    with without_zero3_init(accelerator):
-        with accelerator.main_process_first():  # the default model is converted once, by rank 0
-            if config.model == DEFAULT_MODEL_KEYWORD:
-                from medusa_lite.default_model import load_base_model
-
-                model, tokenizer = load_base_model(None, dtype=dtype)
-            else:
-                try:
-                    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=config.attn_implementation)
-                    tokenizer = AutoTokenizer.from_pretrained(config.model)
-                except OSError as error:
-                    raise TrainingConfigError(f"could not load the target model {config.model!r}: {error}") from error
-    model.eval().requires_grad_(False)
-    return model.to(accelerator.device), tokenizer
-
-
-@contextlib.contextmanager
-def without_zero3_init(accelerator):
-    """Load the frozen target whole on every rank, even under ZeRO-3.
-
-    With a ZeRO-3 DeepSpeed config active, transformers' ``from_pretrained`` partitions the
-    weights (a collective call, which would also deadlock inside ``main_process_first``). The
-    target is not trained and stays outside the DeepSpeed engine, so it must be loaded whole.
-    """
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is None or plugin.zero_stage != 3:
-        yield
-        return
-    from transformers.integrations import unset_hf_deepspeed_config
-
-    unset_hf_deepspeed_config()
-    try:
-        yield
-    finally:
-        plugin.set_deepspeed_weakref()
-
-
-def fresh_heads(config: TrainConfig, base_model) -> MedusaHeads:
-    heads = MedusaModel.with_new_heads(base_model, config.num_heads, num_layers=config.num_layers, use_base_lm_head=config.use_base_lm_head).heads
-    if config.model == DEFAULT_MODEL_KEYWORD:
-        from medusa_lite.default_model import DEFAULT_MODEL_NAME
-
-        heads.config.base_model_name_or_path = DEFAULT_MODEL_NAME
-    return heads.float()  # float32 master weights whatever the target's dtype
-
-
-def add_lora(config: TrainConfig, base_model):
-    from peft import LoraConfig, get_peft_model
-
-    settings = config.lora
-    lora_config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=list(settings.target_modules), bias="none", task_type="CAUSAL_LM")
-    try:
-        return get_peft_model(base_model, lora_config)
-    except ValueError as error:
-        raise TrainingConfigError(f"lora.target_modules {settings.target_modules} do not fit the model: {error}") from error
-
-
-def build_objective(config: TrainConfig, base_model, heads: MedusaHeads):
-    settings = LossSettings(weights=config.loss_weights(), distill_weight=config.distill_weight, topk=config.topk, chunk_size=config.loss_chunk_positions)
-    if config.lora is None:
-        return HeadsObjective(heads, base_model.get_output_embeddings(), settings), base_model
-    peft_model = add_lora(config, base_model)
-    return Medusa2Objective(peft_model, heads, settings, config.lora.distill_weight), peft_model
-
-
-# -- accelerate ---------------------------------------------------------------------------------
-
-
-def needs_gloo() -> bool:
-    """CPU-only distributed runs (incl. DeepSpeed, which would ask for NCCL) need the gloo backend."""
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
-    return distributed and not torch.cuda.is_available()
-
-
-def make_accelerator(config: TrainConfig):
-    from accelerate import Accelerator
-    from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
-
-    handlers = [InitProcessGroupKwargs(backend="gloo")] if needs_gloo() else []
-    accelerator = Accelerator(
-        log_with="wandb" if config.wandb is not None else None,
-        project_config=ProjectConfiguration(project_dir=config.output_dir, automatic_checkpoint_naming=False),
-        kwargs_handlers=handlers,
-    )
-    check_processes_connected(accelerator)
-    return accelerator
-
-
-def check_processes_connected(accelerator) -> None:
-    """Several processes that accelerate does not synchronise would train independent copies."""
-    from accelerate.utils import DistributedType
-
-    if accelerator.num_processes > 1 and accelerator.distributed_type == DistributedType.NO:
-        raise TrainingConfigError(
-            f"accelerate started {accelerator.num_processes} processes but does not synchronise them (distributed_type NO): "
-            "each would train its own copy of the heads. On CPU launch with "
-            "`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
-            "(or --config_file configs/accelerate_cpu_2proc.yaml with ACCELERATE_USE_CPU=true)"
-        )
-
-
-def fill_deepspeed_config(accelerator, config: TrainConfig) -> None:
-    """No dataloader goes through ``prepare``, so DeepSpeed's batch-size keys are set here."""
-    plugin = accelerator.state.deepspeed_plugin
-    if plugin is None:
-        return
-    ds = plugin.deepspeed_config
-    ds["train_micro_batch_size_per_gpu"] = config.batch_size
-    ds["gradient_accumulation_steps"] = 1
-    ds["train_batch_size"] = config.batch_size * accelerator.num_processes
-    if ds.get("gradient_clipping", "auto") == "auto":
-        ds["gradient_clipping"] = config.max_grad_norm
-
-
-def is_zero3(accelerator) -> bool:
-    plugin = accelerator.state.deepspeed_plugin
-    return plugin is not None and plugin.zero_stage == 3
 
 
 # -- batches ------------------------------------------------------------------------------------
@@ -284,15 +75,15 @@ class BatchSource:
         return gather_rows(hidden, batch["input_ids"], batch["loss_mask"], self.num_heads, self.with_teacher)
 
 
-def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: bool):
-    """(loss, stats vector, positions trained) for one batch."""
+def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: bool, topk: int = 1):
+    """(loss, per-head stats vector counting ``topk`` ranks, Medusa-2 base KL or None, positions trained)."""
     if medusa2:
         batch = source.tokens(indices)
-        loss, vector = objective(batch["input_ids"], batch["attention_mask"], batch["loss_mask"])
+        loss, vector = objective(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], topk=topk)
         positions = int((head_targets(batch["input_ids"], batch["loss_mask"], source.num_heads) != IGNORE).any(dim=-1).sum())
         return loss, vector[:-1], vector[-1], positions
     rows = source.rows(indices)
-    loss, vector = objective(rows.hidden, rows.targets, rows.teacher_hidden)
+    loss, vector = objective(rows.hidden, rows.targets, rows.teacher_hidden, topk=topk)
     return loss, vector, None, int(rows.targets.shape[0])
 
 
@@ -306,7 +97,7 @@ def evaluate(objective, source: BatchSource, num_samples: int, config: TrainConf
     with torch.no_grad():
         for start in range(0, num_samples, config.batch_size):
             indices = list(range(start, min(start + config.batch_size, num_samples)))
-            _, vector, _, _ = forward_batch(objective, source, indices, medusa2)
+            _, vector, _, _ = forward_batch(objective, source, indices, medusa2, topk=config.topk)
             stats.add(HeadStats.from_vector(vector.detach().double().cpu(), config.num_heads, config.topk))
     objective.train()
     return stats
@@ -377,14 +168,15 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
     samples = data.train + data.eval
     hidden_size = base_model.get_output_embeddings().weight.shape[1]
     cache_dir = config.cache_dir()
-    name = str(getattr(base_model.config, "_name_or_path", "") or config.model)
-    print_value = hidden_cache.fingerprint(samples, model_name=name, hidden_size=hidden_size, num_heads=config.num_heads)
+    name = f"{getattr(base_model.config, '_name_or_path', '') or config.model} ({base_model.dtype})"
+    fingerprint_value = hidden_cache.fingerprint(samples, model_name=name, hidden_size=hidden_size, num_heads=config.num_heads)
     needed = hidden_cache.estimate_cache_bytes(samples, hidden_size, config.num_heads)
     info = hidden_cache.read_info(cache_dir)
-    if info is not None and info.get("fingerprint") == print_value:
+    if info is not None and info.get("fingerprint") == fingerprint_value:
         log.say(f"hidden-state cache: reusing {cache_dir} ({needed / GIGABYTE:.3g} GB, {info['positions']} positions)")
         return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads), 0.0
-    log.say(f"hidden-state cache: {info and 'rebuilding (data or model changed)' or 'building'} {cache_dir}: {needed / GIGABYTE:.3g} GB in bfloat16 (max_cache_gb {config.max_cache_gb})")
+    action = "building" if info is None else "rebuilding (data, model or num_heads changed)"
+    log.say(f"hidden-state cache: {action} {cache_dir}: {needed / GIGABYTE:.3g} GB in bfloat16 (max_cache_gb {config.max_cache_gb})")
     hidden_cache.check_size(needed, config.max_cache_gb, cache_dir)
     started = time.perf_counter()
     bar = tqdm(total=len(samples), desc="caching hidden states", disable=not accelerator.is_main_process, dynamic_ncols=True)
@@ -397,7 +189,7 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
         samples,
         hidden_fn,
         cache_dir,
-        fingerprint_value=print_value,
+        fingerprint_value=fingerprint_value,
         num_heads=config.num_heads,
         hidden_size=hidden_size,
         batch_size=config.batch_size,
@@ -408,8 +200,8 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
     )
     bar.close()
     seconds = time.perf_counter() - started
-    positions = needed // (hidden_size * hidden_cache.BYTES_PER_VALUE)
-    log.say(f"hidden-state cache built in {seconds:.1f} s ({positions / max(seconds, 1e-9):.0f} positions/s on this rank's share)")
+    tokens = sum(int(s.input_ids.numel()) for s in samples)
+    log.say(f"hidden-state cache built in {seconds:.1f} s: body forwards over {tokens} tokens ({tokens / max(seconds, 1e-9):.0f} tokens/s over all ranks)")
     return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads), seconds
 
 
@@ -424,8 +216,12 @@ def write_heads(heads_config: MedusaConfig, state: dict, heads_dir: Path) -> Non
     shutil.rmtree(temp, ignore_errors=True)
     heads.save_pretrained(temp)
     ckpt.fsync_tree(temp)
-    shutil.rmtree(heads_dir, ignore_errors=True)
+    previous = heads_dir.with_name(f".old-{heads_dir.name}")
+    if heads_dir.exists():  # a previous run's heads stay in place until the new ones are complete
+        shutil.rmtree(previous, ignore_errors=True)
+        os.rename(heads_dir, previous)
     os.rename(temp, heads_dir)
+    shutil.rmtree(previous, ignore_errors=True)
     MedusaHeads.from_pretrained(heads_dir)
 
 
@@ -615,6 +411,7 @@ def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: f
         "train_tokens_per_second": round(run_tokens / step_seconds, 1) if step_seconds else None,
         "topk": config.topk,
     }
+    summary = {key: value for key, value in summary.items() if value is not None and value != {}}  # lean model card
     if run.cache_seconds:
         summary["hidden_cache_seconds"] = round(run.cache_seconds, 1)
     if final is not None:
@@ -666,7 +463,7 @@ def run_steps(run: Run) -> tuple[int, int, float]:
     """
     config, accelerator, log, objective = run.config, run.accelerator, run.log, run.objective
     params = [p for p in objective.parameters() if p.requires_grad]
-    interval = HeadStats.zeros(config.num_heads, config.topk)
+    interval = HeadStats.zeros(config.num_heads, TRAIN_TOPK)
     loss_sum, extra_sum, interval_steps, local_tokens, step_seconds = 0.0, 0.0, 0, 0, 0.0
     tokens_trained, run_tokens = run.tokens_trained, 0
     last_checkpoint = ckpt.latest_complete(run.root)
@@ -690,19 +487,19 @@ def run_steps(run: Run) -> tuple[int, int, float]:
         step_seconds += time.perf_counter() - started
 
         done = step + 1
-        interval.add(HeadStats.from_vector(vector.detach().double().cpu(), config.num_heads, config.topk))
+        interval.add(HeadStats.from_vector(vector.detach().double().cpu(), config.num_heads, TRAIN_TOPK))
         loss_sum += float(loss.detach())
         extra_sum += float(extra.detach()) if extra is not None else 0.0
         interval_steps += 1
         local_tokens += positions
         bar.update(1)
         if done % config.log_every == 0 or done == run.total_steps:
-            stats = HeadStats.from_vector(accelerator.reduce(interval.as_vector().to(accelerator.device), "sum").cpu(), config.num_heads, config.topk)
+            stats = HeadStats.from_vector(accelerator.reduce(interval.as_vector().to(accelerator.device), "sum").cpu(), config.num_heads, TRAIN_TOPK)
             losses = accelerator.reduce(torch.tensor([loss_sum, extra_sum], device=accelerator.device), "mean").tolist()
             metrics = train_metrics(stats, losses[0], interval_steps, losses[1] if run.medusa2 else None, run.scheduler.get_last_lr()[0])
             log.record(metrics, step=done)
             bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", head1_top1=f"{metrics['train/head_top1'][0]:.3f}")
-            interval = HeadStats.zeros(config.num_heads, config.topk)
+            interval = HeadStats.zeros(config.num_heads, TRAIN_TOPK)
             loss_sum, extra_sum, interval_steps = 0.0, 0.0, 0
         if config.eval_every and done % config.eval_every == 0 and done < run.total_steps and run.data.eval:
             report = accuracy_report(evaluate(objective, run.eval_source, len(run.data.eval), config, run.medusa2), config.topk)

@@ -26,7 +26,6 @@ from medusa_lite.training.losses import chunked_kl, gather_rows, head_loss, resp
 class LossSettings:
     weights: list[float]
     distill_weight: float = 0.0
-    topk: int = 5
     chunk_size: int = 1024
 
 
@@ -58,7 +57,8 @@ class HeadsObjective(nn.Module):
     def base_lm_head(self) -> nn.Module:
         return self._frozen[0]
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, teacher_hidden: torch.Tensor | None = None):
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, teacher_hidden: torch.Tensor | None = None, topk: int = 1):
+        """``topk``: ranks counted in the stats (1 while training, the configured k when evaluating)."""
         s = self.settings
         loss, stats = head_loss(
             run_heads(self.heads, hidden),
@@ -68,7 +68,7 @@ class HeadsObjective(nn.Module):
             teacher_hidden=teacher_hidden,
             teacher_project=lambda h: project_with(self.base_lm_head, h),
             distill_weight=s.distill_weight,
-            topk=s.topk,
+            topk=topk,
             chunk_size=s.chunk_size,
         )
         return loss, stats.as_vector()
@@ -97,7 +97,7 @@ class Medusa2Objective(nn.Module):
     def lm_head(self) -> nn.Module:
         return self.model.get_base_model().get_output_embeddings()
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor):
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor, topk: int = 1):
         s = self.settings
         num_heads = self.heads.config.num_heads
         hidden = last_hidden(self.model, input_ids, attention_mask)
@@ -112,7 +112,7 @@ class Medusa2Objective(nn.Module):
             teacher_hidden=rows.teacher_hidden,
             teacher_project=lambda h: project_with(self.lm_head, h),
             distill_weight=s.distill_weight,
-            topk=s.topk,
+            topk=topk,
             chunk_size=s.chunk_size,
         )
         batch_index, position = response_positions(loss_mask)

@@ -1,0 +1,103 @@
+"""Checks run before any real work: each failure names the problem and the fix.
+
+Every rank runs the same checks on the same inputs, so all ranks fail together (none waits
+forever on the others).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import netrc
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from medusa_lite.training import checkpoint as ckpt
+from medusa_lite.training.config import TrainConfig
+from medusa_lite.training.errors import OutputDirError, TrackerError, TrainingConfigError
+
+HEADS_DIR = "heads"
+GIGABYTE = 1e9
+FREE_SPACE_MARGIN = 1.2
+ADAM_STATE_COPIES = 3  # weights + two moments, float32
+OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
+
+
+def wandb_key_available() -> bool:
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    netrc_path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        return netrc.netrc(str(netrc_path)).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def check_tracker(config: TrainConfig) -> None:
+    if config.wandb is None:
+        return
+    if importlib.util.find_spec("wandb") is None:
+        raise TrackerError("a wandb section is configured but the wandb package is not installed (pip install wandb)")
+    mode = os.environ.get("WANDB_MODE", "").lower()
+    if mode not in OFFLINE_WANDB_MODES and not wandb_key_available():
+        raise TrackerError(
+            "wandb is configured (wandb.project = %r) but no API key was found (WANDB_API_KEY or ~/.netrc) "
+            "and WANDB_MODE is not offline: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline "
+            "to log locally (sync later with `wandb sync`)" % config.wandb.project
+        )
+
+
+def check_output_dir(output_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Writable, and not holding another run that a fresh start would clobber."""
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".write-test-{os.getpid()}"
+        with open(probe, "wb") as handle:
+            handle.write(b"medusa-lite")
+            handle.flush()
+            os.fsync(handle.fileno())
+        probe.unlink()
+    except OSError as error:
+        raise OutputDirError(f"output_dir {output_dir} is not writable ({type(error).__name__}: {error}); choose another output_dir") from error
+    if resume or overwrite:
+        return
+    previous = ckpt.complete_checkpoints(output_dir / ckpt.CHECKPOINTS_DIR)
+    if previous or (output_dir / HEADS_DIR / "config.json").exists():
+        raise OutputDirError(
+            f"output_dir {output_dir} already holds a training run ({len(previous)} checkpoint(s), heads: "
+            f"{(output_dir / HEADS_DIR).exists()}); pass --resume to continue it, --overwrite_output_dir true to start over, "
+            "or choose another output_dir"
+        )
+
+
+def check_free_space(output_dir: Path, needed_bytes: int) -> None:
+    free = shutil.disk_usage(output_dir).free
+    if free < needed_bytes * FREE_SPACE_MARGIN:
+        raise OutputDirError(
+            f"output_dir {output_dir} has {free / GIGABYTE:.3g} GB free but training will write about "
+            f"{needed_bytes / GIGABYTE:.3g} GB (checkpoints, heads, hidden-state cache); free some space, lower "
+            "keep_checkpoints or max_length, or choose another output_dir"
+        )
+
+
+def estimate_output_bytes(config: TrainConfig, objective: torch.nn.Module, cache_bytes: int) -> int:
+    trainable = sum(p.numel() for p in objective.parameters() if p.requires_grad)
+    frozen_saved = sum(p.numel() * p.element_size() for p in objective.parameters() if not p.requires_grad)
+    per_checkpoint = trainable * 4 * ADAM_STATE_COPIES + frozen_saved
+    return per_checkpoint * (config.keep_checkpoints + 1) + trainable * 4 + cache_bytes
+
+
+def check_processes_connected(accelerator) -> None:
+    """Several processes that accelerate does not synchronise would train independent copies."""
+    from accelerate.utils import DistributedType
+
+    if accelerator.num_processes > 1 and accelerator.distributed_type == DistributedType.NO:
+        raise TrainingConfigError(
+            f"accelerate started {accelerator.num_processes} processes but does not synchronise them (distributed_type NO): "
+            "each would train its own copy of the heads. On CPU launch with "
+            "`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
+            "(or --config_file configs/accelerate_cpu_2proc.yaml with ACCELERATE_USE_CPU=true)"
+        )

@@ -1,0 +1,124 @@
+"""Real launches (subprocesses): 2 CPU processes over gloo, DeepSpeed ZeRO-2/3, kill -9 + resume.
+
+Also the Hub push from the command line against a loopback Hub. Slow (each launch imports torch/transformers/deepspeed in every process); ~2 minutes in all on 2
+cores once DeepSpeed's CPU communication op is compiled (the first DeepSpeed launch on a machine
+compiles it, ~2-3 minutes, cached in ~/.cache/torch_extensions).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from medusa_lite import MedusaHeads
+import training_fixtures
+from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv
+
+# pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
+tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread
+
+pytestmark = pytest.mark.slow
+
+ACCELERATE = Path(sys.executable).parent / "accelerate"
+LAUNCH_TIMEOUT_S = 600
+DIGEST_LINE = re.compile(r"trainable weights sha256 per rank: \[([^\]]*)\]")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(launch_args: list[str], train_args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    env = {**subprocess_env(), **(env_extra or {})}
+    command = [str(ACCELERATE), "launch", *launch_args, "--main_process_port", str(free_port()), str(TRAIN_SCRIPT), *train_args]
+    done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, f"launch failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    return done
+
+
+def rank_digests(output: str) -> list[str]:
+    match = DIGEST_LINE.search(output)
+    assert match, "no weight digest line in the output"
+    return [d.strip().strip("'") for d in match.group(1).split(",")]
+
+
+def test_two_cpu_processes_train_one_synchronised_copy(tiny_target, pattern_data, tmp_path):
+    out = tmp_path / "out"
+    done = launch(
+        ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
+        tiny_argv(tiny_target, pattern_data, out, max_steps=20, checkpoint_every=10),
+        {"ACCELERATE_USE_CPU": "true"},
+    )
+    digests = rank_digests(done.stdout)
+    # the ranks train on different samples (batch_indices), so equal weights prove the all-reduce
+    assert len(digests) == 2 and digests[0] == digests[1]
+    summary = MedusaHeads.from_pretrained(out / "heads").config.training_summary
+    assert summary["num_processes"] == 2 and summary["ranks_in_sync"] and summary["steps"] == 20
+    assert summary["top1_accuracy"][0] > 0.3
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_zero_produces_loadable_heads(tiny_target, pattern_data, tmp_path, stage):
+    out = tmp_path / "out"
+    done = launch(["--config_file", str(REPO_ROOT / "configs" / f"accelerate_deepspeed_zero{stage}.yaml")], tiny_argv(tiny_target, pattern_data, out, max_steps=20, checkpoint_every=10))
+    heads = MedusaHeads.from_pretrained(out / "heads")
+    summary = heads.config.training_summary
+    assert summary["num_processes"] == 2 and summary["steps"] == 20 and summary["top1_accuracy"][0] > 0.3
+    if stage == 2:
+        digests = rank_digests(done.stdout)
+        assert len(digests) == 2 and digests[0] == digests[1]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000010", "step-00000020"]
+
+
+def test_resume_after_kill_9_finishes_with_the_right_step_count(tiny_target, pattern_data, tmp_path):
+    out = tmp_path / "out"
+    argv = [sys.executable, str(TRAIN_SCRIPT), *tiny_argv(tiny_target, pattern_data, out, max_steps=40, checkpoint_every=10)]
+    first_checkpoint = out / "checkpoints" / "step-00000010" / "COMPLETE"
+    process = subprocess.Popen(argv + ["--debug_step_sleep_s", "0.3"], cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not first_checkpoint.exists():
+            assert process.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within 120 s"
+            time.sleep(0.05)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == -signal.SIGKILL
+    assert not (out / "heads").exists(), "the killed run must not have finished"
+    done = subprocess.run(argv + ["--resume"], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed_at = int(re.search(r"resuming from \S+step-(\d+) at step (\d+)/40", done.stdout).group(2))
+    assert resumed_at >= 10
+    summary = MedusaHeads.from_pretrained(out / "heads").config.training_summary
+    assert summary["steps"] == 40
+    state = (out / "checkpoints" / "step-00000040" / "trainer_state.json").read_text()
+    assert '"step": 40' in state
+
+
+def test_push_to_hub_uploads_the_trained_heads_byte_identical(tiny_target, pattern_data, tmp_path):
+    from hub_server import HubServer
+
+    out = tmp_path / "out"
+    with HubServer() as hub:
+        env = {k: v for k, v in subprocess_env().items() if not k.startswith("HF_") and "proxy" not in k.lower()}
+        env.update(HF_ENDPOINT=hub.url, HF_TOKEN="hf_loopback_test_token", HF_HOME=str(tmp_path / "hf-home"), NO_PROXY="127.0.0.1,localhost")
+        argv = [sys.executable, str(TRAIN_SCRIPT), *tiny_argv(tiny_target, pattern_data, out, max_steps=5), "--push_to_hub", "test-user/tiny-heads"]
+        done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        files = hub.files("test-user/tiny-heads")
+    for name in ("config.json", "model.safetensors"):
+        assert files[name] == (out / "heads" / name).read_bytes()
+    assert b"top-1" in files["README.md"] and b"tiny-target" in files["README.md"]
