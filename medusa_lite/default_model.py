@@ -148,4 +148,6 @@ def load_base_model(
     source = ensure_default_model(dtype) if path is None else path
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(source)
+    if path is None:  # the cache folder is a copy of the default model: keep its Hub name
+        model.config._name_or_path = DEFAULT_MODEL_NAME
     return model.to(device).eval(), tokenizer
