@@ -28,7 +28,7 @@ test-all: install
 	$(PY) -m pytest -q
 
 demo: install
-	$(PY) -m medusa_lite.cli --prompt "Explain in three sentences why the sky is blue." --compare
+	$(PY) -m medusa_lite --prompt "Explain in three sentences why the sky is blue." --compare
 
 benchmark: install
 	$(PY) infer/benchmark.py --quick

@@ -127,8 +127,8 @@ def heads_source_for(model: str | os.PathLike | None, heads: str | os.PathLike |
         )
     if not (DEFAULT_HEADS_DIR / "config.json").is_file():
         raise MissingHeadsError(
-            f"the default model's trained heads are not in {DEFAULT_HEADS_DIR} (config.json + model.safetensors); "
-            "they are not shipped yet: train them with the train/ pipeline and pass heads=<folder>"
+            f"the default model's shipped heads are missing from {DEFAULT_HEADS_DIR} (config.json + model.safetensors): "
+            "reinstall medusa-lite, or train heads with the train/ pipeline and pass heads=<folder>"
         )
     return DEFAULT_HEADS_DIR
 

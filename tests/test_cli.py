@@ -96,8 +96,8 @@ def test_default_tree_for_prefers_an_explicit_tree(checkpoint):
 
 
 def test_missing_heads_give_clear_errors(tmp_path, checkpoint, monkeypatch):
-    monkeypatch.setattr("medusa_lite.loading.DEFAULT_HEADS_DIR", tmp_path / "not-shipped-yet")
-    with pytest.raises(MissingHeadsError, match="not shipped yet"):
+    monkeypatch.setattr("medusa_lite.loading.DEFAULT_HEADS_DIR", tmp_path / "deleted")
+    with pytest.raises(MissingHeadsError, match="shipped heads are missing"):
         load()
     with pytest.raises(MissingHeadsError, match="heads="):
         load(checkpoint[0])
