@@ -117,39 +117,25 @@ def test_corrupt_config_json(saved):
         MedusaHeads.from_pretrained(folder)
 
 
-def test_unknown_config_key(saved):
-    _, folder = saved
+def edit_config(folder, **changes) -> None:
     config = json.loads((folder / "config.json").read_text())
-    config["num_haeds"] = 3
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HeadsFileError, match=r"unknown key\(s\) in Medusa heads config: \['num_haeds'\]"):
-        MedusaHeads.from_pretrained(folder)
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
 
 
-def test_invalid_config_value(saved):
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(num_haeds=3), r"unknown key\(s\) in Medusa heads config: \['num_haeds'\]"),
+        (dict(num_heads=0), "num_heads must be a positive integer"),
+        (dict(num_heads=4), r"missing tensors \['heads.3"),
+        (dict(hidden_size=16), r"wrong shapes .*expected \(16, 16\), found \(32, 32\)"),
+    ],
+    ids=["unknown-key", "invalid-value", "more-heads-than-weights", "weights-of-another-shape"],
+)
+def test_config_that_disagrees_with_itself_or_the_weights(saved, changes, message):
     _, folder = saved
-    config = json.loads((folder / "config.json").read_text())
-    config["num_heads"] = 0
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HeadsFileError, match="num_heads must be a positive integer"):
-        MedusaHeads.from_pretrained(folder)
-
-
-def test_head_count_in_config_disagrees_with_weights(saved):
-    _, folder = saved
-    config = json.loads((folder / "config.json").read_text())
-    config["num_heads"] = 4
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HeadsFileError, match=r"missing tensors \['heads.3"):
-        MedusaHeads.from_pretrained(folder)
-
-
-def test_weights_of_another_shape(saved):
-    _, folder = saved
-    config = json.loads((folder / "config.json").read_text())
-    config["hidden_size"] = 16
-    (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(HeadsFileError, match=r"wrong shapes .*expected \(16, 16\), found \(32, 32\)"):
+    edit_config(folder, **changes)
+    with pytest.raises(HeadsFileError, match=message):
         MedusaHeads.from_pretrained(folder)
 
 
