@@ -231,7 +231,9 @@ def generate(
     finished = max_new_tokens == 0
     if not finished:
         cache = DynamicCache()
-        prefill = model.target_forward(prompt[None], cache=cache, use_cache=True)
+        # Only the last position's logits are needed (as in transformers' generate): the lm_head
+        # over a long prompt would otherwise cost more than several decoding steps.
+        prefill = model.target_forward(prompt[None], cache=cache, use_cache=True, logits_to_keep=1)
         stats.target_calls += 1
         root = pick_tokens(prefill.logits[0, -1:], settings, generator)
         hidden = prefill.hidden[0, -1]
