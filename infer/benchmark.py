@@ -34,7 +34,7 @@ import torch
 from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
 from tqdm import tqdm
 
-from medusa_lite.cli import chat_input_ids, machine_info, plain_generate, set_threads, timed
+from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, set_threads, timed
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import generate
 from medusa_lite.loading import DTYPES, load, tree_of
@@ -299,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = run_benchmark(model, tokenizer, questions, args.max_new_tokens)
     except MedusaError as error:
         print(f"benchmark: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE_ERROR
     summary = summarize(records)
     tree = tree_of(model)
     settings = {

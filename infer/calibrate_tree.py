@@ -35,7 +35,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from medusa_lite.cli import chat_input_ids, machine_info, plain_generate, set_threads
+from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, set_threads
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import accepted_path, propose
 from medusa_lite.loading import DEFAULT_HEADS_DIR, DTYPES, TREE_FILE_NAME, MissingHeadsError, heads_source_for, load, load_target, write_tree_file
@@ -290,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         calibrate(args)
     except MedusaError as error:
         print(f"calibrate_tree: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE_ERROR
     return 0
 
 
