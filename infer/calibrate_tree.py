@@ -129,7 +129,7 @@ def head_hits(model: MedusaModel, sequence: torch.Tensor, first_position: int, m
     hits = torch.zeros(model.num_heads, max_rank)
     counts = torch.zeros(model.num_heads)
     for position in range(first_position, sequence.numel()):
-        guesses = model.head_logits(hidden[position]).topk(max_rank, dim=-1).indices.cpu()  # [K, max_rank]
+        guesses = model.head_topk(hidden[position], max_rank).cpu()  # [K, max_rank]
         for head in range(model.num_heads):
             target_position = position + 2 + head
             if target_position < sequence.numel():

@@ -126,6 +126,10 @@ class MedusaModel(nn.Module):
         """Final hidden states [..., H] -> the first ``num_heads`` (default all) heads' logits [..., k, V]."""
         return self.heads.project(self.heads(hidden, num_heads), self.base_model.get_output_embeddings())
 
+    def head_topk(self, hidden: torch.Tensor, k: int, num_heads: int | None = None) -> torch.Tensor:
+        """Final hidden states [..., H] -> each head's ``k`` likeliest token ids [..., heads, k], best first."""
+        return self.head_logits(hidden, num_heads).topk(k, dim=-1).indices
+
     def forward(self, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Base logits [B, T, V] and head logits [B, T, K, V] from one forward (for training)."""
         out = self.target_forward(input_ids, **kwargs)
