@@ -73,12 +73,12 @@ def timed_step(model: MedusaModel, cache: DynamicCache, hidden: torch.Tensor, ro
     """(verify seconds, whole-step seconds) of one decoding step; the cache is put back as it was."""
     prefix_len = cache.get_seq_length()
     start = time.perf_counter()
-    candidates = propose(model, hidden, root, tree)
+    draft = propose(model, hidden, root, tree)
     verify_start = time.perf_counter()
-    verified = verify_tree(model, cache, tree, candidates)
+    verified = verify_tree(model, cache, draft, draft.tokens)
     verify_end = time.perf_counter()
     target_tokens = pick_tokens(verified.logits, GREEDY)
-    keep_accepted_in_cache(cache, prefix_len, accepted_path(tree, candidates, target_tokens))
+    keep_accepted_in_cache(cache, prefix_len, accepted_path(draft, draft.tokens, target_tokens))
     end = time.perf_counter()
     keep_accepted_in_cache(cache, prefix_len, NO_NODES)  # back to the bare prefix
     return verify_end - verify_start, end - start

@@ -23,10 +23,14 @@ import torch
 from transformers import DynamicCache
 
 from medusa_lite.errors import GenerationInputError
+from medusa_lite.lookup import DraftTree, draft_tree, graft_chain, prompt_lookup
 from medusa_lite.model import MedusaModel, check_tree_attention_supported, text_config
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import Tree, as_tree, check_topk_fits
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
+
+# Prompt-lookup guesses grafted onto the tree per step (see medusa_lite.lookup); 0 = heads only.
+DEFAULT_LOOKUP_TOKENS = 5
 
 
 @dataclass
@@ -43,6 +47,7 @@ class GenerationStats:
     target_calls: int = 0
     tokens_per_step: list[int] = field(default_factory=list)  # per verification step, bonus included
     accepted_at_depth: list[int] = field(default_factory=list)  # [d-1]: steps that accepted a guess at depth d
+    lookup_steps: int = 0  # steps whose accepted path used a guess only the prompt lookup made
 
     @property
     def steps(self) -> int:
@@ -66,6 +71,7 @@ class GenerationStats:
             "tokens_per_step": list(self.tokens_per_step),
             "accepted_at_depth": list(self.accepted_at_depth),
             "acceptance_rate_by_depth": self.acceptance_rate_by_depth,
+            "lookup_steps": self.lookup_steps,
             "tree_nodes": self.tree_nodes,
             "tree_depth": self.tree_depth,
         }
@@ -78,13 +84,21 @@ class GenerationOutput:
 
 
 # -- propose -----------------------------------------------------------------------------------
-def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree) -> torch.Tensor:
+def head_guesses(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree) -> torch.Tensor:
     """Tree tokens [N]: the root, then at each node of depth d head d's guess of that node's rank."""
     if tree.depth == 0:
         return root_token.view(1)
     guesses = model.head_topk(hidden, max(tree.topk_per_depth()), tree.depth)  # [depth, k]
     depths, ranks = tree.node_depths[1:].to(guesses.device), tree.node_ranks[1:].to(guesses.device)
     return torch.cat([root_token.view(1), guesses[depths - 1, ranks]])
+
+
+def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree, lookup_chain: torch.Tensor | None = None) -> DraftTree:
+    """This step's candidates: the heads' guesses on ``tree``, plus a prompt-lookup chain grafted from the root."""
+    draft = draft_tree(tree, head_guesses(model, hidden, root_token, tree))
+    if lookup_chain is None or lookup_chain.numel() == 0:
+        return draft
+    return graft_chain(draft, lookup_chain)
 
 
 # -- accept ------------------------------------------------------------------------------------
@@ -135,6 +149,11 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
         raise GenerationInputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
 
 
+def check_lookup_tokens(lookup_tokens: int) -> None:
+    if isinstance(lookup_tokens, bool) or not isinstance(lookup_tokens, int) or lookup_tokens < 0:
+        raise GenerationInputError(f"lookup_tokens must be an integer >= 0 (0 turns prompt lookup off), got {lookup_tokens!r}")
+
+
 def context_limit(model: MedusaModel) -> int | None:
     """The most positions the target attends over: max positions, or a sliding window (our cache is full-attention)."""
     config = text_config(model.base_model)
@@ -179,6 +198,15 @@ def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, b
     return tokens[: int(hits[0]) + 1], True
 
 
+def record_step(stats: GenerationStats, accepted_guesses: int, used_lookup: bool) -> None:
+    """Count one verification step (lookup chains may reach deeper than the heads' tree)."""
+    stats.accepted_at_depth.extend([0] * (accepted_guesses - len(stats.accepted_at_depth)))
+    for depth in range(accepted_guesses):
+        stats.accepted_at_depth[depth] += 1
+    stats.tokens_per_step.append(accepted_guesses + 1)
+    stats.lookup_steps += used_lookup
+
+
 # -- the loop ----------------------------------------------------------------------------------
 @torch.inference_mode()
 def generate(
@@ -190,6 +218,7 @@ def generate(
     top_k: int | None = None,
     top_p: float | None = None,
     tree: Tree | Iterable[Sequence[int]] | None = None,
+    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
     eos_token_id: int | Sequence[int] | None = None,
     streamer=None,
     generator: torch.Generator | None = None,
@@ -199,12 +228,14 @@ def generate(
     Greedy (``temperature=0``) returns the tokens of ``model.base_model.generate(do_sample=False)``;
     with ``temperature > 0`` (and optional ``top_k`` / ``top_p``) tokens follow exactly the target's
     sampling distribution. ``tree`` is a :class:`Tree` or a list of top-k rank paths (default:
-    ``model.tree``). ``streamer`` receives the prompt, then each step's
+    ``model.tree``). ``lookup_tokens``: length of the prompt-lookup chain grafted onto the tree
+    each step (guesses copied from the prompt and the text so far; 0 = heads only). ``streamer`` receives the prompt, then each step's
     accepted tokens (e.g. ``transformers.TextStreamer``). Generation stops at any of
     ``eos_token_id`` (default: the model's), included in the output.
     """
     settings = SamplingSettings(temperature, top_k, top_p)
     check_max_new_tokens(max_new_tokens)
+    check_lookup_tokens(lookup_tokens)
     check_tree_attention_supported(model.base_model)
     prompt = as_prompt(input_ids, model.device)
     check_token_ids(prompt, model.config.vocab_size)
@@ -216,12 +247,13 @@ def generate(
     stats = GenerationStats(tree_nodes=full_tree.num_nodes, tree_depth=full_tree.depth, accepted_at_depth=[0] * full_tree.depth)
     if streamer is not None:
         streamer.put(prompt[None].cpu())
-    new_tokens: list[torch.Tensor] = []
+    history = prompt  # prompt + committed tokens: where the lookup searches
 
     def commit(tokens: torch.Tensor) -> bool:
         """Append accepted tokens; True when generation is finished."""
+        nonlocal history
         tokens, hit_eos = cut_at_eos(tokens, eos)
-        new_tokens.append(tokens)
+        history = torch.cat([history, tokens])
         stats.new_tokens += tokens.numel()
         if streamer is not None:
             streamer.put(tokens.cpu())
@@ -240,23 +272,21 @@ def generate(
 
     while not finished:
         # Never guess past max_new_tokens: a step commits at most depth + 1 tokens.
-        step_tree = full_tree.pruned(max_new_tokens - stats.new_tokens - 1)
+        room = max_new_tokens - stats.new_tokens - 1
         prefix_len = cache.get_seq_length()
-        candidates = propose(model, hidden, root, step_tree)
-        verified = verify_tree(model, cache, step_tree, candidates)
+        chain = prompt_lookup(history, min(lookup_tokens, room))
+        draft = propose(model, hidden, root, full_tree.pruned(room), chain)
+        verified = verify_tree(model, cache, draft, draft.tokens)
         stats.target_calls += 1
         target_tokens = pick_tokens(verified.logits, settings, generator)
-        path = accepted_path(step_tree, candidates, target_tokens)
+        path = accepted_path(draft, draft.tokens, target_tokens)
         keep_accepted_in_cache(cache, prefix_len, path)
         root = target_tokens[path[-1:]]
         hidden = verified.hidden[path[-1]]
-        accepted_guesses = path.numel() - 1
-        for depth in range(accepted_guesses):
-            stats.accepted_at_depth[depth] += 1
-        stats.tokens_per_step.append(accepted_guesses + 1)
-        finished = commit(torch.cat([candidates[path[1:]], root]))
+        record_step(stats, path.numel() - 1, bool(draft.from_lookup[path.cpu()].any()))
+        finished = commit(torch.cat([draft.tokens[path[1:]], root]))
 
-    sequences = torch.cat([prompt, *new_tokens])[None]
+    sequences = history[None]
     if streamer is not None:
         streamer.end()
     return GenerationOutput(sequences=sequences, stats=stats)

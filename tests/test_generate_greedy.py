@@ -38,7 +38,7 @@ def test_oracle_heads_accept_full_depth_every_step(family):
     expected = plain_greedy(base, prompt, MAX_NEW_TOKENS)
     oracle = OracleMedusaModel(base, heads, expected[0])
     tree = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0), (0, 0, 0, 0), (2,)])
-    out = generate(oracle, prompt, MAX_NEW_TOKENS, tree=tree)
+    out = generate(oracle, prompt, MAX_NEW_TOKENS, tree=tree, lookup_tokens=0)
     assert torch.equal(out.sequences, expected)
     full_step = tree.depth + 1
     # Every step accepts the whole depth + the bonus token, except the last, which the

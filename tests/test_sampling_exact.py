@@ -29,6 +29,7 @@ LOGIT_SCALE = 5.0
 PROMPT = torch.tensor([[0, 2, 1]])
 FULL_TREE = Tree.from_paths([p for depth in (1, 2) for p in itertools.product(range(VOCAB), repeat=depth)])
 PARTIAL_TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+NO_TREE = Tree.from_paths([])
 
 
 @pytest.fixture(scope="module")
@@ -69,36 +70,42 @@ def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
     return float(torch.special.gammaincc(torch.tensor(degrees / 2, dtype=torch.float64), statistic / 2))
 
 
-def sample_counts(model, settings, tree, n, seed):
+def sample_counts(model, settings, tree, n, seed, lookup_tokens=0):
     generator = torch.Generator().manual_seed(seed)
     counts = {}
     for _ in range(n):
-        out = generate(model, PROMPT, NEW_TOKENS, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, tree=tree, generator=generator, eos_token_id=[])
+        out = generate(
+            model, PROMPT, NEW_TOKENS, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+            tree=tree, lookup_tokens=lookup_tokens, generator=generator, eos_token_id=[],
+        )
         outcome = tuple(out.sequences[0, PROMPT.shape[1]:].tolist())
         counts[outcome] = counts.get(outcome, 0) + 1
     return counts
 
 
 @pytest.mark.parametrize(
-    "settings, tree",
+    "settings, tree, lookup_tokens",
     [
-        (SamplingSettings(1.0), FULL_TREE),
-        (SamplingSettings(0.7), PARTIAL_TREE),
-        (SamplingSettings(0.7, top_k=2), PARTIAL_TREE),
-        (SamplingSettings(1.0, top_p=0.8), FULL_TREE),
+        (SamplingSettings(1.0), FULL_TREE, 0),
+        (SamplingSettings(0.7), PARTIAL_TREE, 0),
+        (SamplingSettings(0.7, top_k=2), PARTIAL_TREE, 0),
+        (SamplingSettings(1.0, top_p=0.8), FULL_TREE, 0),
+        # Prompt-lookup chains: alone, and grafted onto (partly merging with) the heads' tree.
+        (SamplingSettings(1.0), NO_TREE, 3),
+        (SamplingSettings(0.7), PARTIAL_TREE, 3),
     ],
-    ids=["T1.0-full-tree", "T0.7-partial-tree", "T0.7-topk2", "T1.0-topp0.8"],
+    ids=["T1.0-full-tree", "T0.7-partial-tree", "T0.7-topk2", "T1.0-topp0.8", "T1.0-lookup-only", "T0.7-tree+lookup"],
 )
-def test_medusa_sampling_matches_exact_target_distribution(model, settings, tree):
+def test_medusa_sampling_matches_exact_target_distribution(model, settings, tree, lookup_tokens):
     exact = exact_distribution(model.base_model, settings)
-    counts = sample_counts(model, settings, tree, NUM_SAMPLES, seed=1)
+    counts = sample_counts(model, settings, tree, NUM_SAMPLES, seed=1, lookup_tokens=lookup_tokens)
     p_value = chi_square_p_value(counts, exact, NUM_SAMPLES)
     assert p_value > ALPHA, f"medusa-lite samples differ from the target's distribution (p={p_value:.2e})"
 
 
 def test_full_tree_accepts_every_guess(model):
     """With every token a child, every sample is accepted: the step emits depth + 1 tokens."""
-    out = generate(model, PROMPT, NEW_TOKENS, temperature=1.0, tree=FULL_TREE, generator=torch.Generator().manual_seed(0), eos_token_id=[])
+    out = generate(model, PROMPT, NEW_TOKENS, temperature=1.0, tree=FULL_TREE, lookup_tokens=0, generator=torch.Generator().manual_seed(0), eos_token_id=[])
     assert out.stats.tokens_per_step == [3] and out.stats.target_calls == 2
 
 

@@ -1,0 +1,106 @@
+"""Prompt lookup: guesses copied from the text so far, grafted onto the heads' candidate tree.
+
+Much of what a model writes repeats its context (summaries quote the document, code reuses
+names, answers restate the question). Prompt-lookup decoding (Saxena 2023; transformers'
+``prompt_lookup_num_tokens``) finds the latest earlier occurrence of the last few tokens and
+guesses that what followed it then follows again. The heads guess from the hidden state, the
+lookup from the text: they fail on different tokens, so verifying both in the same tree forward
+accepts more per step than either alone.
+
+Decoding stays exact: the chain is one more set of deterministic candidates, merged into the
+tree as a trie (a chain token equal to an existing guess reuses that node, so siblings stay
+distinct), and the acceptance rule does not care where a candidate came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Longest n-gram matched first, down to the shortest (transformers' PLD defaults to 2 -> 1).
+LOOKUP_MAX_NGRAM = 3
+LOOKUP_MIN_NGRAM = 1
+
+
+def prompt_lookup(history: torch.Tensor, max_tokens: int, max_ngram: int = LOOKUP_MAX_NGRAM, min_ngram: int = LOOKUP_MIN_NGRAM) -> torch.Tensor:
+    """Up to ``max_tokens`` ids that followed the latest earlier occurrence of ``history``'s last n-gram.
+
+    Tries n = ``max_ngram`` down to ``min_ngram`` and returns the continuation of the most recent
+    match of the longest n-gram that has one; an empty tensor when nothing matches.
+    """
+    length = history.numel()
+    if max_tokens <= 0:
+        return history[:0]
+    for n in range(max_ngram, min_ngram - 1, -1):
+        if length <= n:
+            continue
+        # Windows starting at i = 0 .. length-1-n: each is followed by at least one token.
+        windows = history[: length - 1].unfold(0, n, 1)
+        starts = torch.nonzero((windows == history[length - n :]).all(dim=-1)).flatten()
+        if starts.numel():
+            follow = int(starts[-1]) + n
+            return history[follow : follow + max_tokens]
+    return history[:0]
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    """The tokens verified in one step and their tree shape (duck-types :class:`Tree` for verify/accept).
+
+    ``from_lookup[j]`` marks nodes that only the prompt lookup proposed.
+    """
+
+    tokens: torch.Tensor  # [N] node 0 is the root
+    parents: torch.Tensor  # [N]
+    node_depths: torch.Tensor  # [N]
+    ancestor_mask: torch.Tensor  # [N, N]
+    from_lookup: torch.Tensor  # [N] bool
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.numel()
+
+    @property
+    def depth(self) -> int:
+        return int(self.node_depths.max())
+
+
+def draft_tree(tree, tokens: torch.Tensor) -> DraftTree:
+    """A static tree's shape with this step's tokens (no copies of the shape tensors)."""
+    return DraftTree(tokens, tree.parents, tree.node_depths, tree.ancestor_mask, torch.zeros(tokens.numel(), dtype=torch.bool))
+
+
+def graft_chain(draft: DraftTree, chain: torch.Tensor) -> DraftTree:
+    """Merge ``chain`` (guesses for the tokens after the root) into ``draft`` as a trie.
+
+    The chain follows existing nodes while their tokens agree, then continues as new nodes;
+    new nodes see their ancestors like any other node.
+    """
+    tokens, parents, depths = draft.tokens.tolist(), draft.parents.tolist(), draft.node_depths.tolist()
+    node, first_new = 0, len(tokens)
+    for token in chain.tolist():
+        child = next((j for j in range(1, len(tokens)) if parents[j] == node and tokens[j] == token), None) if node < first_new else None
+        if child is None:
+            tokens.append(token)
+            parents.append(node)
+            depths.append(depths[node] + 1)
+            child = len(tokens) - 1
+        node = child
+    added = len(tokens) - first_new
+    if added == 0:
+        return draft
+    size = len(tokens)
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    mask[:first_new, :first_new] = draft.ancestor_mask
+    for j in range(first_new, size):
+        mask[j] = mask[parents[j]]
+        mask[j, j] = True
+    device = draft.tokens.device
+    return DraftTree(
+        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
+        parents=torch.tensor(parents, dtype=torch.long),
+        node_depths=torch.tensor(depths, dtype=torch.long),
+        ancestor_mask=mask,
+        from_lookup=torch.cat([draft.from_lookup, torch.ones(added, dtype=torch.bool)]),
+    )
