@@ -11,7 +11,11 @@ thermal state); one warm-up run of each comes first.
 
 - ``plain``: ``model.generate(do_sample=False)``.
 - ``pld``: transformers' prompt-lookup decoding, ``prompt_lookup_num_tokens=10``.
-- ``medusa``: :func:`medusa_lite.generate` with the model's tree (see ``medusa_lite.load``).
+- ``medusa``: :func:`medusa_lite.generate` with the model's tree (see ``medusa_lite.load``) and
+  prompt-lookup guesses grafted onto it (``--lookup-tokens``, the library's default).
+- ``heads``: the same with the heads' tree only (``lookup_tokens=0``), to show what each
+  source of guesses contributes. ``--methods`` picks a subset (``plain`` always runs: it is
+  the reference).
 
 Reported per category and overall: mean accepted tokens per step (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
@@ -36,7 +40,7 @@ from tqdm import tqdm
 
 from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, set_threads, timed
 from medusa_lite.errors import MedusaError
-from medusa_lite.generate import generate
+from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.loading import DTYPES, load, tree_of
 from medusa_lite.model import MedusaModel
 from medusa_lite.sampling import SamplingSettings
@@ -49,8 +53,9 @@ DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_QUICK = 26
 PLD_NUM_TOKENS = 10
 WARMUP_TOKENS = 16
-METHODS = ("plain", "pld", "medusa")
-LABELS = {"plain": "plain generate", "pld": "prompt lookup (PLD)", "medusa": "medusa-lite"}
+METHODS = ("plain", "pld", "medusa", "heads")
+LABELS = {"plain": "plain generate", "pld": "prompt lookup (PLD)", "medusa": "medusa-lite", "heads": "medusa-lite, heads only"}
+SHORT = {"pld": "PLD", "medusa": "medusa", "heads": "heads only"}
 OVERALL = "overall"
 GREEDY = SamplingSettings()
 
@@ -91,6 +96,13 @@ class Result:
     target_calls: int
     steps: int = 0  # medusa only: verification steps
     accepted_at_depth: list[int] = field(default_factory=list)  # medusa only
+    lookup_steps: int = 0  # medusa only: steps that accepted a lookup-only guess
+
+
+@dataclass(frozen=True)
+class MedusaSettings:
+    tree: Tree
+    lookup_tokens: int
 
 
 class CallCounter:
@@ -116,21 +128,30 @@ def run_hf(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, **e
     return Result(tokens.tolist(), seconds, counter.calls)
 
 
-def run_plain(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree) -> Result:
+def run_plain(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
     return run_hf(model, input_ids, max_new_tokens)
 
 
-def run_pld(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree) -> Result:
+def run_pld(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
     return run_hf(model, input_ids, max_new_tokens, prompt_lookup_num_tokens=PLD_NUM_TOKENS)
 
 
-def run_medusa(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree) -> Result:
-    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, tree=tree))
+def run_medusa_with(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree, lookup_tokens: int) -> Result:
+    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, tree=tree, lookup_tokens=lookup_tokens))
     stats = output.stats
-    return Result(output.sequences[0, input_ids.shape[1] :].tolist(), seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth))
+    new = output.sequences[0, input_ids.shape[1] :].tolist()
+    return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), stats.lookup_steps)
 
 
-RUNNERS: dict[str, Callable[..., Result]] = {"plain": run_plain, "pld": run_pld, "medusa": run_medusa}
+def run_medusa(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+    return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, settings.lookup_tokens)
+
+
+def run_heads(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+    return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, lookup_tokens=0)
+
+
+RUNNERS: dict[str, Callable[..., Result]] = {"plain": run_plain, "pld": run_pld, "medusa": run_medusa, "heads": run_heads}
 
 
 def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -154,6 +175,7 @@ def question_record(question: dict, order: Sequence[str], results: dict[str, Res
             "first_difference": difference,
             "steps": result.steps,
             "accepted_at_depth": result.accepted_at_depth,
+            "lookup_steps": result.lookup_steps,
         }
     return {"question_id": question["question_id"], "category": question["category"], "order": list(order), "methods": methods}
 
@@ -175,43 +197,53 @@ def method_summary(records: Sequence[dict], method: str) -> dict:
     }
     steps = sum(run["steps"] for run in runs)
     if steps:
+        summary["steps"] = steps
+        summary["lookup_step_fraction"] = sum(run.get("lookup_steps", 0) for run in runs) / steps
         depth = max(len(run["accepted_at_depth"]) for run in runs)
         accepted = [sum(run["accepted_at_depth"][d] for run in runs if d < len(run["accepted_at_depth"])) for d in range(depth)]
         summary["acceptance_rate_by_depth"] = [count / steps for count in accepted]
     return summary
 
 
+def methods_in(records: Sequence[dict]) -> list[str]:
+    """The methods the records hold, in ``METHODS`` order."""
+    present = set(records[0]["methods"]) if records else set()
+    return [method for method in METHODS if method in present]
+
+
 def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
     """{category or "overall": {method: summary}}."""
     groups = {category: [r for r in records if r["category"] == category] for category in categories_in_order(records)}
     groups[OVERALL] = list(records)
-    return {name: {method: method_summary(group, method) for method in METHODS} for name, group in groups.items()}
+    return {name: {method: method_summary(group, method) for method in methods_in(records)} for name, group in groups.items()}
 
 
 def markdown_table(summary: dict[str, dict[str, dict]]) -> str:
-    header = (
-        "| category | n | plain tok/s | PLD acc. | PLD tok/s | PLD speed-up | PLD identical "
-        "| medusa acc. | medusa tok/s | medusa speed-up | medusa identical |"
-    )
+    compared = [method for method in next(iter(summary.values())) if method != "plain"]
+    header = "| category | n | plain tok/s | " + " | ".join(
+        f"{SHORT[m]} acc. | {SHORT[m]} tok/s | {SHORT[m]} speed-up | {SHORT[m]} identical" for m in compared
+    ) + " |"
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for name, methods in summary.items():
-        plain, pld, medusa = methods["plain"], methods["pld"], methods["medusa"]
+        plain = methods["plain"]
         label = f"**{name}**" if name == OVERALL else name
-        lines.append(
-            f"| {label} | {plain['questions']} | {plain['tokens_per_second']:.1f} "
-            f"| {pld['mean_accepted_tokens']:.2f} | {pld['tokens_per_second']:.1f} | {pld['speedup']:.2f}x | {pld['identical_fraction']:.0%} "
-            f"| {medusa['mean_accepted_tokens']:.2f} | {medusa['tokens_per_second']:.1f} | {medusa['speedup']:.2f}x | {medusa['identical_fraction']:.0%} |"
-        )
+        cells = [
+            f"{r['mean_accepted_tokens']:.2f} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['identical_fraction']:.0%}"
+            for r in (methods[m] for m in compared)
+        ]
+        lines.append(f"| {label} | {plain['questions']} | {plain['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
     names = list(summary)
     positions = range(len(names))
-    width = 0.4
     figure = Figure(figsize=(max(6, 0.7 * len(names) + 2), 4))
     axes = figure.subplots()
-    for offset, method in ((-width / 2, "medusa"), (width / 2, "pld")):
+    compared = [method for method in summary[names[0]] if method != "plain"]
+    width = 0.8 / len(compared)
+    for index, method in enumerate(compared):
+        offset = (index - (len(compared) - 1) / 2) * width
         bars = axes.bar([p + offset for p in positions], [summary[n][method]["speedup"] for n in names], width, label=LABELS[method])
         axes.bar_label(bars, fmt="%.2f", fontsize=7)
     axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
@@ -224,7 +256,8 @@ def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
 
 
 def plot_acceptance(summary: dict[str, dict[str, dict]], path: Path) -> None:
-    rates = summary[OVERALL]["medusa"].get("acceptance_rate_by_depth", [])
+    method = next(m for m in ("medusa", "heads") if m in summary[OVERALL]) if {"medusa", "heads"} & set(summary[OVERALL]) else None
+    rates = summary[OVERALL][method].get("acceptance_rate_by_depth", []) if method else []
     figure = Figure(figsize=(5, 3.5))
     axes = figure.subplots()
     depths = [d + 1 for d in range(len(rates))]
@@ -233,7 +266,7 @@ def plot_acceptance(summary: dict[str, dict[str, dict]], path: Path) -> None:
     axes.set_xlabel("tree depth (head)")
     axes.set_ylabel("fraction of steps accepting a guess")
     axes.set_ylim(0, 1)
-    axes.set_title("medusa-lite acceptance by depth")
+    axes.set_title(f"{LABELS[method] if method else 'medusa-lite'}: acceptance by depth")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
 
@@ -249,25 +282,26 @@ def build_parser() -> argparse.ArgumentParser:
     subset.add_argument("--quick", type=int, default=DEFAULT_QUICK, metavar="N", help=f"N questions stratified across categories (default {DEFAULT_QUICK})")
     subset.add_argument("--full", action="store_true", help="all questions")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS, help="prompt-lookup guesses per step for 'medusa' (0 = heads only)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to run (plain always runs)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
 
 
-def warm_up(model: MedusaModel, input_ids: torch.Tensor, tree: Tree) -> None:
-    for method in METHODS:
-        RUNNERS[method](model, input_ids, WARMUP_TOKENS, tree)
-
-
-def run_benchmark(model: MedusaModel, tokenizer, questions: Sequence[dict], max_new_tokens: int) -> list[dict]:
-    tree = tree_of(model)
+def run_benchmark(
+    model: MedusaModel, tokenizer, questions: Sequence[dict], max_new_tokens: int, methods: Sequence[str] = METHODS, lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
+) -> list[dict]:
+    methods = [method for method in METHODS if method in set(methods) | {"plain"}]
+    settings = MedusaSettings(tree_of(model), lookup_tokens)
     prompts = [chat_input_ids(tokenizer, question["turns"][0]).to(model.device) for question in questions]
-    warm_up(model, prompts[0], tree)
+    for method in methods:  # warm-up
+        RUNNERS[method](model, prompts[0], WARMUP_TOKENS, settings)
     records = []
     for index, (question, input_ids) in enumerate(tqdm(list(zip(questions, prompts)), desc="Spec-Bench")):
-        order = rotated(METHODS, index)
-        results = {method: RUNNERS[method](model, input_ids, max_new_tokens, tree) for method in order}
+        order = rotated(methods, index)
+        results = {method: RUNNERS[method](model, input_ids, max_new_tokens, settings) for method in order}
         records.append(question_record(question, order, results))
     return records
 
@@ -296,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, tokenizer = load(args.model, heads=args.heads, dtype=dtype, tree=args.tree)
         questions = read_questions(args.questions)
         questions = questions if args.full else stratified_subset(questions, args.quick)
-        records = run_benchmark(model, tokenizer, questions, args.max_new_tokens)
+        records = run_benchmark(model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens)
     except MedusaError as error:
         print(f"benchmark: error: {error}", file=sys.stderr)
         return EXIT_USAGE_ERROR
@@ -309,6 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "num_questions": len(records),
         "max_new_tokens": args.max_new_tokens,
         "pld_num_tokens": PLD_NUM_TOKENS,
+        "lookup_tokens": args.lookup_tokens,
         "tree_nodes": tree.num_nodes,
         "tree": [list(path) for path in tree.paths],
         "machine": machine_info(dtype),

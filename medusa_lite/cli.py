@@ -26,7 +26,7 @@ import transformers
 from transformers import TextStreamer
 
 from medusa_lite.errors import MedusaError
-from medusa_lite.generate import generate
+from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.loading import DTYPES, load, tree_of
 from medusa_lite.sampling import SamplingSettings
 
@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", default=None, help="Medusa heads folder or Hub repo (default: the shipped heads)")
     parser.add_argument("--tree", default=None, help="tree.json to decode with (default: tree.json beside the heads, else derived)")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
+    parser.add_argument(
+        "--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS, help=f"prompt-lookup guesses added to the tree per step (0 = heads only; default {DEFAULT_LOOKUP_TOKENS})"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
@@ -155,7 +158,7 @@ def run(args: argparse.Namespace) -> None:
 
     def medusa_run(max_new_tokens: int, streamer=None):
         generator = torch.Generator(device=model.device).manual_seed(args.seed)
-        return generate(model, input_ids, max_new_tokens, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, tree=tree, streamer=streamer, generator=generator)
+        return generate(model, input_ids, max_new_tokens, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, tree=tree, lookup_tokens=args.lookup_tokens, streamer=streamer, generator=generator)
 
     def plain_run(max_new_tokens: int):
         torch.manual_seed(args.seed)

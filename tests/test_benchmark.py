@@ -31,7 +31,7 @@ def test_stratified_subset_and_rotation():
     assert len({q["question_id"] for q in subset}) == 26
     assert len(benchmark.stratified_subset(questions, 5)) == 5
     assert benchmark.stratified_subset(QUESTIONS, 10) == [QUESTIONS[0], QUESTIONS[1], QUESTIONS[2]]
-    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(4)] == ["plain", "pld", "medusa", "plain"]
+    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == ["plain", "pld", "medusa", "heads", "plain"]
 
 
 def test_first_difference():
@@ -57,9 +57,10 @@ def test_benchmark_end_to_end_fp32(tmp_path):
     overall = results["summary"]["overall"]
     assert set(results["summary"]) == {"writing", "qa", "overall"}
     assert overall["plain"]["mean_accepted_tokens"] == 1.0 and overall["plain"]["speedup"] == 1.0
-    assert overall["medusa"]["identical_fraction"] == 1.0
+    assert overall["medusa"]["identical_fraction"] == 1.0 and overall["heads"]["identical_fraction"] == 1.0
+    assert 0.0 <= overall["medusa"]["lookup_step_fraction"] <= 1.0 and overall["heads"]["lookup_step_fraction"] == 0.0
     assert overall["medusa"]["mean_accepted_tokens"] >= 1.0 and overall["pld"]["mean_accepted_tokens"] >= 1.0
-    assert len(overall["medusa"]["acceptance_rate_by_depth"]) == max(len(path) for path in results["tree"])
+    assert len(overall["heads"]["acceptance_rate_by_depth"]) == max(len(path) for path in results["tree"])
     for record in results["questions"]:
         plain, medusa = record["methods"]["plain"], record["methods"]["medusa"]
         assert medusa["new_tokens"] == plain["new_tokens"] and plain["target_calls"] == plain["new_tokens"]
@@ -67,6 +68,18 @@ def test_benchmark_end_to_end_fp32(tmp_path):
 
     table = (out / "results.md").read_text()
     assert "| **overall** | 3 |" in table and "float32" in table
+
+
+def test_benchmark_runs_a_subset_of_methods(tmp_path):
+    model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
+    questions_file = tmp_path / "questions.jsonl"
+    questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2]))
+    out = tmp_path / "bench"
+    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file), "--methods", "heads"]
+    assert benchmark.main([*args, "--max-new-tokens", "8", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["summary"]["overall"]) == {"plain", "heads"}  # plain always runs: it is the reference
+    assert "heads only speed-up" in (out / "results.md").read_text()
 
 
 def test_microbench_runs_on_a_tiny_random_model(capsys):
