@@ -1,6 +1,7 @@
 """medusa-lite: exact Medusa-style speculative decoding for Hugging Face causal LMs."""
 
 from medusa_lite.errors import (
+    DraftVocabError,
     GenerationInputError,
     HeadsFileError,
     IncompatibleHeadsError,
@@ -16,6 +17,7 @@ from medusa_lite.sampling import SamplingSettings, logits_to_probs
 from medusa_lite.tree import Tree, best_tree, default_tree
 
 __all__ = [
+    "DraftVocabError",
     "GenerationInputError",
     "GenerationOutput",
     "GenerationStats",

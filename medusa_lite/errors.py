@@ -18,6 +18,10 @@ class HeadsFileError(MedusaError, ValueError):
     """A heads folder is missing a file, or a file is truncated, corrupt or malformed."""
 
 
+class DraftVocabError(MedusaError, ValueError):
+    """A draft vocabulary's token ids are out of range, repeated, or do not fit the heads."""
+
+
 class TreeError(MedusaError, ValueError):
     """A candidate tree is malformed or does not fit the heads."""
 

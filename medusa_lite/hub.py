@@ -130,6 +130,9 @@ def _overview(config: MedusaConfig) -> str:
         if config.use_base_lm_head
         else "one output layer per head (initialised from the base model's)"
     )
+    draft_line = []
+    if config.draft_vocab_size is not None:
+        draft_line = [f"| draft vocabulary | the heads guess among {config.draft_vocab_size} of the {config.vocab_size} tokens (stored in `draft_token_ids`) |"]
     head_params = config.num_layers * (config.hidden_size**2 + config.hidden_size)
     if not config.use_base_lm_head:
         head_params += config.hidden_size * config.vocab_size
@@ -151,6 +154,7 @@ def _overview(config: MedusaConfig) -> str:
             f"| residual SiLU blocks per head | {config.num_layers} |",
             f"| hidden size | {config.hidden_size} |",
             f"| vocabulary | {config.vocab_size} |",
+            *draft_line,
             f"| output layer | {projection} |",
             f"| parameters | {head_params * config.num_heads:,} ({head_params:,} per head) |",
         ]

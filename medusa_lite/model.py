@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
-from medusa_lite.errors import IncompatibleHeadsError, UnsupportedModelError
-from medusa_lite.heads import MedusaConfig, MedusaHeads
+from medusa_lite.errors import IncompatibleHeadsError, TreeError, UnsupportedModelError
+from medusa_lite.heads import DraftLMHead, MedusaConfig, MedusaHeads
 from medusa_lite.tree import Tree, as_tree, tree_for_heads
 
 # Attention implementations known to apply an arbitrary additive 4D mask (tree attention).
@@ -76,6 +76,10 @@ class MedusaModel(nn.Module):
     ``tree`` is the candidate tree ``generate`` uses when given none (like a generation config):
     by default the one the heads' training summary suggests. The model holds no decoding state:
     the KV cache and everything else of a generation live in :func:`medusa_lite.generate`.
+
+    Heads with a draft vocabulary project through ``draft_lm_head``, the base lm_head's rows of
+    the draft ids gathered once here (derived data: non-persistent, never saved); after changing
+    the base lm_head or the heads' ids in place, call :meth:`refresh_draft_lm_head`.
     """
 
     def __init__(self, base_model: PreTrainedModel, heads: MedusaHeads, *, tree=None, freeze_base: bool = True):
@@ -87,23 +91,36 @@ class MedusaModel(nn.Module):
         if freeze_base:
             base_model.requires_grad_(False)
         parameter = base_model.get_output_embeddings().weight
-        if any(p.device != parameter.device or p.dtype != parameter.dtype for p in heads.parameters()):
+        tensors = [*heads.parameters(), *heads.buffers()]  # buffers: the draft ids must sit on the model's device too
+        if any(t.device != parameter.device or (t.is_floating_point() and t.dtype != parameter.dtype) for t in tensors):
             heads.to(device=parameter.device, dtype=parameter.dtype)
+        self.draft_lm_head: DraftLMHead | None = None
+        self.refresh_draft_lm_head()
 
     @classmethod
-    def with_new_heads(cls, base_model: PreTrainedModel, num_heads: int, *, num_layers: int = 1, use_base_lm_head: bool = True) -> "MedusaModel":
-        """Attach freshly initialised heads sized for ``base_model``."""
+    def with_new_heads(
+        cls, base_model: PreTrainedModel, num_heads: int, *, num_layers: int = 1, use_base_lm_head: bool = True, draft_token_ids: torch.Tensor | None = None
+    ) -> "MedusaModel":
+        """Attach freshly initialised heads sized for ``base_model``; ``draft_token_ids``: guess among these tokens only."""
         config = MedusaConfig(
             num_heads=num_heads,
             hidden_size=text_config(base_model).hidden_size,
             vocab_size=base_model.get_output_embeddings().weight.shape[0],
             num_layers=num_layers,
             use_base_lm_head=use_base_lm_head,
+            draft_vocab_size=None if draft_token_ids is None else int(torch.as_tensor(draft_token_ids).numel()),
             base_model_name_or_path=base_model_name(base_model),
         )
         heads = MedusaHeads(config)
         heads.init_lm_heads_from(base_model.get_output_embeddings())
+        if draft_token_ids is not None:
+            heads.set_draft_vocab(draft_token_ids)
         return cls(base_model, heads)
+
+    def refresh_draft_lm_head(self) -> None:
+        """(Re)gather the base lm_head rows of the heads' draft vocabulary (no-op without one)."""
+        ids = self.heads.draft_token_ids
+        self.draft_lm_head = None if ids is None else DraftLMHead(self.base_model.get_output_embeddings(), ids)
 
     @property
     def config(self) -> MedusaConfig:
@@ -112,6 +129,12 @@ class MedusaModel(nn.Module):
     @property
     def num_heads(self) -> int:
         return self.heads.config.num_heads
+
+    @property
+    def guess_vocab_size(self) -> int:
+        """How many distinct tokens the heads can guess (the draft vocabulary's size, else the vocabulary's):
+        the most guesses per head a tree may ask for."""
+        return self.heads.config.guess_vocab_size
 
     @property
     def device(self) -> torch.device:
@@ -123,14 +146,28 @@ class MedusaModel(nn.Module):
         return TargetOutput(logits=out.logits, hidden=out.hidden_states[-1])
 
     def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """Final hidden states [..., H] -> the first ``num_heads`` (default all) heads' logits [..., k, V]."""
-        return self.heads.project(self.heads(hidden, num_heads), self.base_model.get_output_embeddings())
+        """Final hidden states [..., H] -> the first ``num_heads`` (default all) heads' logits [..., k, G].
+
+        G = :attr:`guess_vocab_size`: logits over the full vocabulary (V), or with a draft
+        vocabulary over its D tokens only, logit i being token ``heads.draft_token_ids[i]``
+        (:meth:`head_topk` maps them back to token ids).
+        """
+        output_layer = self.draft_lm_head if self.draft_lm_head is not None else self.base_model.get_output_embeddings()
+        return self.heads.project(self.heads(hidden, num_heads), output_layer)
 
     def head_topk(self, hidden: torch.Tensor, k: int, num_heads: int | None = None) -> torch.Tensor:
-        """Final hidden states [..., H] -> each head's ``k`` likeliest token ids [..., heads, k], best first."""
-        return self.head_logits(hidden, num_heads).topk(k, dim=-1).indices
+        """Final hidden states [..., H] -> each head's ``k`` likeliest token ids [..., heads, k], best first.
+
+        Always full-vocabulary token ids, with or without a draft vocabulary.
+        """
+        if k > self.guess_vocab_size:
+            among = "their draft vocabulary" if self.heads.draft_token_ids is not None else "the vocabulary"
+            raise TreeError(f"asked for each head's top-{k} guesses but the heads guess among only {self.guess_vocab_size} tokens ({among})")
+        ranked = self.head_logits(hidden, num_heads).topk(k, dim=-1).indices
+        ids = self.heads.draft_token_ids
+        return ranked if ids is None else ids[ranked]
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Base logits [B, T, V] and head logits [B, T, K, V] from one forward (for training)."""
+        """Base logits [B, T, V] and head logits [B, T, K, G] from one forward (G: see :meth:`head_logits`)."""
         out = self.target_forward(input_ids, **kwargs)
         return out.logits, self.head_logits(out.hidden)
