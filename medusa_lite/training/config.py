@@ -64,6 +64,9 @@ class TrainConfig:
     use_base_lm_head: bool = True
     head_loss_weights: list[float] | None = None  # default: DEFAULT_HEAD_DECAY ** k for head k
     distill_weight: float = 0.0  # weight of KL(target's shifted distribution || head)
+    # heads guess among the D most frequent response tokens of the training split only (None: all
+    # V tokens): the projection costs D/V as much; decoding stays exact (see training/draft_vocab.py)
+    draft_vocab_size: int | None = None
     # -- data
     max_length: int = 512
     eval_fraction: float = 0.05
@@ -261,6 +264,12 @@ def validate(config: TrainConfig) -> None:
     require(config.learning_rate > 0, f"config: learning_rate must be > 0, got {config.learning_rate}")
     require(config.distill_weight >= 0, f"config: distill_weight must be >= 0, got {config.distill_weight}")
     require(config.max_cache_gb > 0, f"config: max_cache_gb must be > 0, got {config.max_cache_gb}")
+    if config.draft_vocab_size is not None:
+        require(config.draft_vocab_size >= 1, f"config: draft_vocab_size must be >= 1 (or null for the full vocabulary), got {config.draft_vocab_size}")
+        require(
+            config.use_base_lm_head,
+            "config: draft_vocab_size needs use_base_lm_head: true (a draft vocabulary selects rows of the base model's lm_head)",
+        )
     weights = config.loss_weights()
     require(
         len(weights) == config.num_heads,

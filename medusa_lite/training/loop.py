@@ -25,15 +25,17 @@ from medusa_lite.training import hidden_cache
 from medusa_lite.training.checks import HEADS_DIR, check_free_space, check_output_dir, check_tracker, estimate_output_bytes
 from medusa_lite.training.config import TrainConfig
 from medusa_lite.training.data import TokenizedData, batch_indices, collate, load_training_data
+from medusa_lite.training.draft_vocab import DraftVocab, choose_draft_vocab, measure_draft_vocab
 from medusa_lite.training.errors import NonFiniteLossError, TrainingDataError
 from medusa_lite.training.losses import IGNORE, HeadStats, gather_rows, head_targets
 from medusa_lite.training.objective import last_hidden
-from medusa_lite.training.setup import build_objective, fill_deepspeed_config, fresh_heads, is_zero3, load_target, make_accelerator
+from medusa_lite.training.setup import build_objective, check_draft_vocab_fits, fill_deepspeed_config, fresh_heads, is_zero3, load_target, make_accelerator
 
 ADAPTER_DIR = "adapter"
 METRICS_NAME = "metrics.jsonl"
 TRAIN_TOPK = 1  # training batches report top-1 only (top-k over the vocabulary costs time); eval reports top-k
 GIGABYTE = 1e9
+COVERAGE_DIGITS = 4
 
 
 @dataclass
@@ -211,7 +213,7 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
 def write_heads(heads_config: MedusaConfig, state: dict, heads_dir: Path) -> None:
     """Save heads atomically (temp folder, then rename) and check they load strictly."""
     heads = MedusaHeads(heads_config)
-    heads.load_state_dict({k: v.float() for k, v in state.items()})
+    heads.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})  # draft ids stay integers
     temp = heads_dir.with_name(f".tmp-{heads_dir.name}")
     shutil.rmtree(temp, ignore_errors=True)
     heads.save_pretrained(temp)
@@ -279,6 +281,7 @@ class Run:
     cache_seconds: float = 0.0
     start_step: int = 0
     tokens_trained: int = 0
+    draft_vocab: DraftVocab | None = None
 
 
 def train(config: TrainConfig, *, resume: bool = False, push_to_hub: str | None = None) -> TrainResult:
@@ -325,7 +328,8 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
         )
     total_steps = config.max_steps or config.epochs * steps_per_epoch
 
-    heads = fresh_heads(config, base_model)
+    draft_vocab = pick_draft_vocab(config, data, base_model.get_output_embeddings().weight.shape[0], log)
+    heads = fresh_heads(config, base_model, None if draft_vocab is None else draft_vocab.token_ids)
     objective, base_for_batches = build_objective(config, base_model, heads)
     medusa2 = config.lora is not None
 
@@ -352,7 +356,7 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     data_position = {"train_sequences": len(data.train), "batch_size": config.batch_size, "num_processes": world, "seed": config.seed, "steps_per_epoch": steps_per_epoch}
     run = Run(
         config, accelerator, log, data, heads, objective, optimizer, scheduler, train_source, eval_source, root,
-        total_steps, steps_per_epoch, data_position, save_kwargs, medusa2, cache_seconds,
+        total_steps, steps_per_epoch, data_position, save_kwargs, medusa2, cache_seconds, draft_vocab=draft_vocab,
     )
     restore(run, resume)
 
@@ -365,6 +369,17 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
         f"({steps_per_epoch} per epoch, batch {config.batch_size} x {world} process(es)) on {accelerator.device}"
     )
     return run
+
+
+def pick_draft_vocab(config: TrainConfig, data: TokenizedData, vocab_size: int, log: RunLog) -> DraftVocab | None:
+    """The draft vocabulary from the training split (every rank computes the same one), or None."""
+    if config.draft_vocab_size is None:
+        return None
+    check_draft_vocab_fits(config, vocab_size)
+    draft = choose_draft_vocab(data.train, data.eval, vocab_size, config.draft_vocab_size)
+    held_out = f", {draft.eval_coverage:.2%} of held-out ones" if draft.eval_coverage is not None else ""
+    log.say(f"draft vocabulary: the {config.draft_vocab_size} most frequent response tokens of {vocab_size} cover {draft.train_coverage:.2%} of training response tokens{held_out}")
+    return draft
 
 
 def restore(run: Run, resume: bool) -> None:
@@ -385,6 +400,10 @@ def restore(run: Run, resume: bool) -> None:
     run.start_step, run.tokens_trained = state["step"], state["tokens_trained"]
     if state.get("data_position") != run.data_position:
         log.say(f"warning: data or batch layout changed since the checkpoint ({state.get('data_position')} -> {run.data_position}); the sample order after step {run.start_step} differs")
+    restored_ids = run.heads.draft_token_ids
+    if run.draft_vocab is not None and not torch.equal(restored_ids.cpu(), run.draft_vocab.token_ids):
+        log.say("warning: the checkpoint's draft vocabulary differs from the one the current data give (the data changed); training continues with the checkpoint's")
+        run.draft_vocab = measure_draft_vocab(restored_ids, run.data.train, run.data.eval, run.heads.config.vocab_size)
     log.say(f"resuming from {latest[1]} at step {run.start_step}/{run.total_steps}")
 
 
@@ -411,6 +430,11 @@ def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: f
         "train_tokens_per_second": round(run_tokens / step_seconds, 1) if step_seconds else None,
         "topk": config.topk,
     }
+    if run.draft_vocab is not None:
+        summary["draft_vocab_size"] = config.draft_vocab_size
+        summary["draft_vocab_coverage"] = round(run.draft_vocab.train_coverage, COVERAGE_DIGITS)
+        if run.draft_vocab.eval_coverage is not None:
+            summary["draft_vocab_eval_coverage"] = round(run.draft_vocab.eval_coverage, COVERAGE_DIGITS)
     summary = {key: value for key, value in summary.items() if value is not None and value != {}}  # lean model card
     if run.cache_seconds:
         summary["hidden_cache_seconds"] = round(run.cache_seconds, 1)

@@ -5,6 +5,11 @@ model's logits for token n+1; head k (k = 1..K) at position n guesses token n+1+
 ``input_ids[n+1+k]`` when that token is a response token, else ``IGNORE``. The optional
 distillation target of head k at n is the base model's own distribution at position n+k (which
 also predicts token n+1+k).
+
+With a draft vocabulary (heads that guess among D tokens only), targets are draft indices and a
+response token outside the draft vocabulary becomes ``OUT_OF_DRAFT``: it cannot be predicted, so
+the cross-entropy skips it, but it still counts as a position in the accuracy denominators (a
+miss at every rank), so held-out accuracy stays the honest fraction of tokens guessed right.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-IGNORE = -100
+IGNORE = -100  # no target here (not a response token, or past the end)
+OUT_OF_DRAFT = -1  # a response token the draft vocabulary lacks: a sure miss, excluded from the CE
 
 
 def head_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -31,6 +37,14 @@ def head_targets(input_ids: torch.Tensor, loss_mask: torch.Tensor, num_heads: in
         valid = loss_mask[:, shift:]
         targets[:, : length - shift, k - 1] = torch.where(valid, ahead, torch.full_like(ahead, IGNORE))
     return targets
+
+
+def to_draft_targets(targets: torch.Tensor, draft_token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Full-vocabulary targets -> draft indices (``OUT_OF_DRAFT`` outside it; ``IGNORE`` stays)."""
+    index_of = torch.full((vocab_size,), OUT_OF_DRAFT, dtype=torch.long, device=targets.device)
+    index_of[draft_token_ids.to(targets.device)] = torch.arange(draft_token_ids.numel(), device=targets.device)
+    mapped = index_of[targets.clamp(min=0)]
+    return torch.where(targets == IGNORE, targets, mapped)
 
 
 @dataclass
@@ -74,9 +88,12 @@ def kl_per_row(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> to
 
 
 def rank_hits(logits: torch.Tensor, targets: torch.Tensor, topk: int) -> torch.Tensor:
-    """[C, K, V] logits, [C, K] targets -> [K, topk] count of targets found at each rank."""
+    """[C, K, V] logits, [C, K] targets -> [K, topk] count of targets found at each rank.
+
+    ``IGNORE`` and ``OUT_OF_DRAFT`` targets are never found (they are negative, ranks' indices are not).
+    """
     top = logits.topk(min(topk, logits.shape[-1]), dim=-1).indices  # [C, K, topk]
-    hits = (top == targets[..., None]) & (targets[..., None] != IGNORE)
+    hits = (top == targets[..., None]) & (targets[..., None] >= 0)
     counts = hits.sum(dim=0)
     if counts.shape[-1] < topk:
         counts = F.pad(counts, (0, topk - counts.shape[-1]))
@@ -85,34 +102,41 @@ def rank_hits(logits: torch.Tensor, targets: torch.Tensor, topk: int) -> torch.T
 
 @dataclass
 class HeadStats:
-    """Sums over positions, per head: what the log and the evaluation report."""
+    """Sums over positions, per head: what the log and the evaluation report.
+
+    ``count`` is every position with a target (the accuracy denominator); ``ce_count`` only those
+    the heads can predict (the CE's): they differ by the targets outside a draft vocabulary.
+    """
 
     ce_sum: torch.Tensor  # [K]
     kl_sum: torch.Tensor  # [K]
     count: torch.Tensor  # [K]
+    ce_count: torch.Tensor  # [K]
     rank_hits: torch.Tensor  # [K, topk]
 
     @classmethod
     def zeros(cls, num_heads: int, topk: int, device=None) -> "HeadStats":
         z = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
-        return cls(z(num_heads), z(num_heads), z(num_heads), z(num_heads, topk))
+        return cls(z(num_heads), z(num_heads), z(num_heads), z(num_heads), z(num_heads, topk))
 
     def add(self, other: "HeadStats") -> None:
         self.ce_sum += other.ce_sum.double()
         self.kl_sum += other.kl_sum.double()
         self.count += other.count.double()
+        self.ce_count += other.ce_count.double()
         self.rank_hits += other.rank_hits.double()
 
     def as_vector(self) -> torch.Tensor:
-        return torch.cat([self.ce_sum, self.kl_sum, self.count, self.rank_hits.flatten()])
+        return torch.cat([self.ce_sum, self.kl_sum, self.count, self.ce_count, self.rank_hits.flatten()])
 
     @classmethod
     def from_vector(cls, vector: torch.Tensor, num_heads: int, topk: int) -> "HeadStats":
         k = num_heads
-        return cls(vector[:k], vector[k : 2 * k], vector[2 * k : 3 * k], vector[3 * k :].view(k, topk))
+        return cls(vector[:k], vector[k : 2 * k], vector[2 * k : 3 * k], vector[3 * k : 4 * k], vector[4 * k :].view(k, topk))
 
     def mean_ce(self) -> list[float]:
-        return (self.ce_sum / self.count.clamp(min=1)).tolist()
+        """Mean CE over the targets the heads can predict (all of them without a draft vocabulary)."""
+        return (self.ce_sum / self.ce_count.clamp(min=1)).tolist()
 
     def rank_accuracy(self) -> list[list[float]]:
         """[head][r]: probability that the head's rank-r guess is the target."""
@@ -129,23 +153,27 @@ def chunk_loss(
     logits: torch.Tensor,
     targets: torch.Tensor,
     teacher_logits: torch.Tensor | None,
-    scale: torch.Tensor,
+    ce_scale: torch.Tensor,
+    kl_scale: torch.Tensor,
     distill_weight: float,
     topk: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Loss contribution and per-head sums of one chunk of rows.
 
-    ``scale[k]`` = head weight / number of targets of head k in the whole batch, so summing the
-    chunks' losses gives the weighted mean over the batch whatever the chunking.
+    ``ce_scale[k]`` = head weight / number of predictable targets of head k in the whole batch
+    (``kl_scale[k]``: / number of all its targets, ``OUT_OF_DRAFT`` included: the distribution
+    is defined there too), so summing the chunks' losses gives the weighted means over the batch
+    whatever the chunking.
     """
     num_rows, num_heads, vocab = logits.shape
-    ce = F.cross_entropy(logits.reshape(-1, vocab).float(), targets.reshape(-1), ignore_index=IGNORE, reduction="none").view(num_rows, num_heads)
+    ce_targets = torch.where(targets == OUT_OF_DRAFT, IGNORE, targets)
+    ce = F.cross_entropy(logits.reshape(-1, vocab).float(), ce_targets.reshape(-1), ignore_index=IGNORE, reduction="none").view(num_rows, num_heads)
     ce_sum = ce.sum(dim=0)
     kl_sum = torch.zeros_like(ce_sum)
     if teacher_logits is not None:
         valid = (targets != IGNORE).float()
         kl_sum = (kl_per_row(logits, teacher_logits) * valid).sum(dim=0)
-    loss = (scale * (ce_sum + distill_weight * kl_sum)).sum()
+    loss = (ce_scale * ce_sum + distill_weight * kl_scale * kl_sum).sum()
     with torch.no_grad():
         hits = rank_hits(logits.detach(), targets, topk)
     return loss, ce_sum.detach(), kl_sum.detach(), hits
@@ -165,13 +193,16 @@ def head_loss(
 ) -> tuple[torch.Tensor, HeadStats]:
     """Weighted CE (+ distillation) of all heads over rows, computed ``chunk_size`` rows at a time.
 
-    ``head_hidden`` [P, K, H] are the heads' outputs; ``project`` maps them to logits [., K, V].
+    ``head_hidden`` [P, K, H] are the heads' outputs; ``project`` maps them to logits [., K, V]
+    (V: the draft vocabulary's size when the targets are draft indices).
     With more rows than ``chunk_size``, each chunk's logits are recomputed in the backward pass
     (activation checkpointing) so memory holds one chunk of [rows, K, vocab] logits, and there is
     still one backward call per step (needed by DDP and DeepSpeed).
     """
     count = (targets != IGNORE).sum(dim=0)
-    scale = weights.to(head_hidden.device) / count.clamp(min=1).float()
+    ce_count = (targets >= 0).sum(dim=0)  # without OUT_OF_DRAFT
+    weights = weights.to(head_hidden.device)
+    ce_scale, kl_scale = weights / ce_count.clamp(min=1).float(), weights / count.clamp(min=1).float()
     use_teacher = teacher_hidden is not None and distill_weight > 0
 
     def run(rows_hidden: torch.Tensor, rows_targets: torch.Tensor, rows_teacher: torch.Tensor | None):
@@ -179,7 +210,7 @@ def head_loss(
         if use_teacher:
             with torch.no_grad():
                 teacher_logits = teacher_project(rows_teacher)
-        return chunk_loss(project(rows_hidden), rows_targets, teacher_logits, scale, distill_weight, topk)
+        return chunk_loss(project(rows_hidden), rows_targets, teacher_logits, ce_scale, kl_scale, distill_weight, topk)
 
     total = head_hidden.new_zeros((), dtype=torch.float32)
     stats = HeadStats.zeros(targets.shape[1], topk, device=head_hidden.device)
@@ -192,8 +223,9 @@ def head_loss(
         else:
             loss, ce_sum, kl_sum, hits = run(*args)
         total = total + loss
-        stats.add(HeadStats(ce_sum, kl_sum, torch.zeros_like(ce_sum), hits))
+        stats.add(HeadStats(ce_sum, kl_sum, torch.zeros_like(ce_sum), torch.zeros_like(ce_sum), hits))
     stats.count += count.double()
+    stats.ce_count += ce_count.double()
     return total, stats
 
 

@@ -9,6 +9,12 @@
   adapters disabled.
 
 Both return ``(loss, stats_vector)`` (a plain tensor, so DDP/DeepSpeed pass it through).
+
+With a draft vocabulary (``heads.draft_token_ids``), both take full-vocabulary targets and map
+them to draft indices themselves (so the live and the cached paths need no change), the heads'
+logits cover the D draft tokens only, and the distillation teacher is the base distribution
+restricted to the draft vocabulary and renormalised there (KL needs both sides on the same
+tokens). Medusa-2's KL(original || adapted) is about the backbone and stays on the full vocabulary.
 """
 
 from __future__ import annotations
@@ -16,10 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from medusa_lite.heads import MedusaHeads
-from medusa_lite.training.losses import chunked_kl, gather_rows, head_loss, response_positions
+from medusa_lite.heads import MedusaHeads, draft_rows
+from medusa_lite.training.losses import chunked_kl, gather_rows, head_loss, response_positions, to_draft_targets
 
 
 @dataclass
@@ -35,10 +42,28 @@ def project_with(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def heads_logits(heads: MedusaHeads, head_hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
-    """Per-head hidden states [P, K, H] -> logits [P, K, V] (float32)."""
+    """Per-head hidden states [P, K, H] -> logits [P, K, G] (float32; G: D with a draft vocabulary, else V)."""
     if heads.config.use_base_lm_head:
-        return project_with(base_lm_head, head_hidden)
+        return heads.project(head_hidden.to(base_lm_head.weight.dtype), base_lm_head).float()
     return torch.stack([head.lm_head(head_hidden[:, k].to(head.lm_head.weight.dtype)).float() for k, head in enumerate(heads.heads)], dim=1)
+
+
+def teacher_logits(heads: MedusaHeads, hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
+    """The distillation teacher's logits (float32): the base model's, over the heads' guess vocabulary.
+
+    With a draft vocabulary only its D logits are kept, so the softmax of the KL renormalises the
+    teacher over the draft tokens (the mass outside them is nothing the heads could learn).
+    """
+    if heads.draft_token_ids is None:
+        return project_with(base_lm_head, hidden)
+    return F.linear(hidden.to(base_lm_head.weight.dtype), *draft_rows(base_lm_head, heads.draft_token_ids)).float()
+
+
+def guess_targets(heads: MedusaHeads, targets: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary targets -> indices into the heads' logits (draft indices with a draft vocabulary)."""
+    if heads.draft_token_ids is None:
+        return targets
+    return to_draft_targets(targets, heads.draft_token_ids, heads.config.vocab_size)
 
 
 def run_heads(heads: MedusaHeads, hidden: torch.Tensor) -> torch.Tensor:
@@ -62,11 +87,11 @@ class HeadsObjective(nn.Module):
         s = self.settings
         loss, stats = head_loss(
             run_heads(self.heads, hidden),
-            targets,
+            guess_targets(self.heads, targets),
             lambda h: heads_logits(self.heads, h, self.base_lm_head),
             weights=torch.tensor(s.weights),
             teacher_hidden=teacher_hidden,
-            teacher_project=lambda h: project_with(self.base_lm_head, h),
+            teacher_project=lambda h: teacher_logits(self.heads, h, self.base_lm_head),
             distill_weight=s.distill_weight,
             topk=topk,
             chunk_size=s.chunk_size,
@@ -106,11 +131,11 @@ class Medusa2Objective(nn.Module):
         rows = gather_rows(hidden, input_ids, loss_mask, num_heads, with_teacher=s.distill_weight > 0, teacher_source=original)
         loss, stats = head_loss(
             run_heads(self.heads, rows.hidden.float()),
-            rows.targets,
+            guess_targets(self.heads, rows.targets),
             lambda h: heads_logits(self.heads, h, self.lm_head),
             weights=torch.tensor(s.weights),
             teacher_hidden=rows.teacher_hidden,
-            teacher_project=lambda h: project_with(self.lm_head, h),
+            teacher_project=lambda h: teacher_logits(self.heads, h, self.lm_head),
             distill_weight=s.distill_weight,
             topk=topk,
             chunk_size=s.chunk_size,

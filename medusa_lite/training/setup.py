@@ -69,8 +69,17 @@ def without_zero3_init(accelerator):
         plugin.set_deepspeed_weakref()
 
 
-def fresh_heads(config: TrainConfig, base_model) -> MedusaHeads:
-    heads = MedusaModel.with_new_heads(base_model, config.num_heads, num_layers=config.num_layers, use_base_lm_head=config.use_base_lm_head).heads
+def check_draft_vocab_fits(config: TrainConfig, vocab_size: int) -> None:
+    """The one draft vocabulary check that needs the model: D cannot exceed its vocabulary."""
+    if config.draft_vocab_size is not None and config.draft_vocab_size > vocab_size:
+        raise TrainingConfigError(f"config: draft_vocab_size {config.draft_vocab_size} exceeds the model's vocabulary of {vocab_size} tokens; lower it or set it to null")
+
+
+def fresh_heads(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None = None) -> MedusaHeads:
+    """Fresh heads for ``base_model``; with ``draft_token_ids`` they guess among those tokens only."""
+    heads = MedusaModel.with_new_heads(
+        base_model, config.num_heads, num_layers=config.num_layers, use_base_lm_head=config.use_base_lm_head, draft_token_ids=draft_token_ids
+    ).heads
     if config.model == DEFAULT_MODEL_KEYWORD:
         from medusa_lite.default_model import DEFAULT_MODEL_NAME
 
