@@ -230,7 +230,7 @@ def topk_accuracy_for(args: argparse.Namespace, model: MedusaModel, tokenizer) -
     """(accuracy[head][rank], where it came from)."""
     if args.measure_on:
         prompts = [chat_input_ids(tokenizer, prompt) for prompt in read_prompts(args.measure_on)]
-        accuracy = measure_topk_accuracy(model, prompts, max_new_tokens=args.measure_tokens, max_rank=args.max_rank)
+        accuracy = measure_topk_accuracy(model, prompts, max_new_tokens=args.measure_tokens, max_rank=min(args.max_rank, model.guess_vocab_size))
         return accuracy, f"measured on {len(prompts)} prompts of {args.measure_on} ({args.measure_tokens} greedy tokens each)"
     if args.costs_only:
         return [list(REFERENCE_TOPK_ACCURACY[min(d, len(REFERENCE_TOPK_ACCURACY) - 1)]) for d in range(model.num_heads)], "reference (tree.py)"

@@ -240,7 +240,7 @@ def generate(
     prompt = as_prompt(input_ids, model.device)
     check_token_ids(prompt, model.config.vocab_size)
     full_tree = as_tree(tree, model.num_heads) if tree is not None else model.tree
-    check_topk_fits(full_tree, model.config.vocab_size)
+    check_topk_fits(full_tree, model.guess_vocab_size)
     check_context(prompt.numel(), max_new_tokens, context_limit(model))
     eos = eos_ids(eos_token_id, model)
 

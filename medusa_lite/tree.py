@@ -120,11 +120,11 @@ def _pruned(tree: Tree, max_depth: int) -> Tree:
     return Tree(tuple(p for p in tree.paths if len(p) <= max_depth))
 
 
-def check_topk_fits(tree: Tree, vocab_size: int) -> None:
-    """A rank must index into the vocabulary."""
+def check_topk_fits(tree: Tree, guess_vocab_size: int) -> None:
+    """A rank must index into the tokens the heads guess among (the vocabulary, or a draft vocabulary)."""
     widest = max(tree.topk_per_depth(), default=0)
-    if widest > vocab_size:
-        raise TreeError(f"tree uses top-{widest} guesses but the vocabulary has only {vocab_size} tokens")
+    if widest > guess_vocab_size:
+        raise TreeError(f"tree uses top-{widest} guesses but the heads guess among only {guess_vocab_size} tokens")
 
 
 def best_tree(topk_accuracy: Sequence[Sequence[float]], num_nodes: int) -> Tree:

@@ -38,13 +38,13 @@ def test_tree_deeper_than_heads(model):
 
 
 def test_rank_beyond_vocabulary(model):
-    with pytest.raises(TreeError, match="top-40 guesses but the vocabulary has only 32 tokens"):
+    with pytest.raises(TreeError, match="top-40 guesses but the heads guess among only 32 tokens"):
         generate(model, torch.tensor([[1, 2]]), 5, tree=[(39,)] + [(i,) for i in range(39)])
 
 
 def test_empty_tree_is_plain_decoding_and_exact(model):
     prompt = torch.tensor([[4, 5, 6]])
-    out = generate(model, prompt, 15, tree=[])
+    out = generate(model, prompt, 15, tree=[], lookup_tokens=0)
     assert torch.equal(out.sequences, plain_greedy(model.base_model, prompt, 15))
     assert out.stats.mean_accepted_tokens == 1.0 and out.stats.tokens_per_step == [1] * 14
 
