@@ -284,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS, help="prompt-lookup guesses per step for 'medusa' (0 = heads only)")
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to run (plain always runs)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
@@ -346,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lookup_tokens": args.lookup_tokens,
         "tree_nodes": tree.num_nodes,
         "tree": [list(path) for path in tree.paths],
-        "machine": machine_info(dtype),
+        "machine": machine_info(model.base_model.dtype),
     }
     write_outputs(Path(args.out), summary, records, settings)
     print(markdown_table(summary))

@@ -198,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description="Choose the candidate tree size for this machine and these heads.")
     parser.add_argument("--model", default=None, help="HF model folder or Hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--heads", default=None, help=f"heads folder or Hub repo (default: {DEFAULT_HEADS_DIR})")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--sizes", type=lambda text: [int(s) for s in text.split(",")], default=list(DEFAULT_SIZES), help="tree sizes (nodes) to time, comma-separated; 1 is always added")
     parser.add_argument("--prefix-tokens", type=int, default=DEFAULT_PREFIX_TOKENS)
@@ -260,7 +260,7 @@ def calibrate(args: argparse.Namespace) -> Path | None:
     costs = measure_step_costs(model, trees, prefix_tokens=args.prefix_tokens, repeats=args.repeats, warmup=args.warmup)
     rows = prediction_table(trees, costs, accuracy)
     chosen = None if args.costs_only else best_row(rows)
-    print(f"{args.dtype}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, accuracies: {accuracy_source}")
+    print(f"{str(model.base_model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, accuracies: {accuracy_source}")
     print(format_table(rows, chosen))
     if out is None:
         return None
@@ -272,7 +272,7 @@ def calibrate(args: argparse.Namespace) -> Path | None:
         "topk_accuracy": accuracy,
         "prefix_tokens": args.prefix_tokens,
         "repeats": args.repeats,
-        "machine": machine_info(DTYPES[args.dtype]),
+        "machine": machine_info(model.base_model.dtype),
         "table": [asdict(row) for row in rows],
     }
     if chosen is None:  # a cost table, deliberately without "paths": not a tree file

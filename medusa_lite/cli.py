@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU (faster there, and exact), bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     parser.add_argument("--compare", action="store_true", help="also run plain model.generate and print the speed-up")
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> None:
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     output, seconds = timed(lambda: medusa_run(args.max_new_tokens, streamer))
     medusa = Run(output.sequences[0, input_ids.shape[1] :], seconds)
-    print(summary_line(medusa, output.stats.mean_accepted_tokens, tree.num_nodes, args.dtype), flush=True)
+    print(summary_line(medusa, output.stats.mean_accepted_tokens, tree.num_nodes, str(model.base_model.dtype).removeprefix("torch.")), flush=True)
     if args.compare:
         tokens, seconds = timed(lambda: plain_run(args.max_new_tokens))
         print(compare_line(medusa, Run(tokens, seconds), settings.greedy), flush=True)

@@ -70,6 +70,17 @@ def summary_numbers(out: str) -> dict:
 
 
 # -- load --------------------------------------------------------------------------------------
+def test_default_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(checkpoint):
+    from medusa_lite.loading import default_dtype
+
+    assert default_dtype("cpu") == torch.float32 and default_dtype(torch.device("cpu")) == torch.float32
+    assert default_dtype("cuda") == torch.bfloat16
+    model, _ = load(checkpoint[0], heads=checkpoint[1])
+    assert model.base_model.dtype == torch.float32 and next(model.heads.parameters()).dtype == torch.float32
+    bf16, _ = load(checkpoint[0], heads=checkpoint[1], dtype=torch.bfloat16)
+    assert bf16.base_model.dtype == torch.bfloat16
+
+
 def test_load_uses_training_summary_accuracies(checkpoint):
     model_dir, heads_dir = checkpoint
     model, tokenizer = load(model_dir, heads=heads_dir, dtype=torch.float32)
