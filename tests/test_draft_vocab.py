@@ -137,10 +137,21 @@ def test_set_draft_vocab_checks_the_ids(base):
         random_heads(base).set_draft_vocab(draft_ids())
 
 
-def test_shipped_heads_without_a_draft_vocab_still_load():
+def test_shipped_heads_load_with_their_draft_vocab():
     heads = MedusaHeads.from_pretrained(SHIPPED_HEADS)
+    assert heads.config.draft_vocab_size == heads.draft_token_ids.numel() == heads.config.guess_vocab_size
+    assert heads.config.vocab_size == 49152 and heads.draft_token_ids.unique().numel() == heads.draft_token_ids.numel()
+
+
+def test_heads_saved_without_a_draft_vocab_still_load(base, tmp_path):
+    """Heads written before draft vocabularies existed (no draft_vocab_size key) load with the full vocabulary."""
+    random_heads(base).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config.pop("draft_vocab_size", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    heads = MedusaHeads.from_pretrained(tmp_path)
     assert heads.config.draft_vocab_size is None and heads.draft_token_ids is None
-    assert heads.config.guess_vocab_size == heads.config.vocab_size == 49152
+    assert heads.config.guess_vocab_size == heads.config.vocab_size
     assert DRAFT_IDS_NAME not in heads.state_dict()
 
 
