@@ -232,9 +232,10 @@ def generate(
     with ``temperature > 0`` (and optional ``top_k`` / ``top_p``) tokens follow exactly the target's
     sampling distribution. ``tree`` is a :class:`Tree` or a list of top-k rank paths (default:
     ``model.tree``). ``lookup_tokens``: length of the prompt-lookup chain grafted onto the tree
-    each step (guesses copied from the prompt and the text so far; 0 = heads only). ``streamer`` receives the prompt, then each step's
-    accepted tokens (e.g. ``transformers.TextStreamer``). Generation stops at any of
-    ``eos_token_id`` (default: the model's), included in the output.
+    each step (guesses copied from the prompt and the text so far; 0 = heads only).
+    ``streamer`` receives the prompt, then each step's accepted tokens (e.g.
+    ``transformers.TextStreamer``). Generation stops at any of ``eos_token_id`` (default: the
+    model's), included in the output.
     """
     settings = SamplingSettings(temperature, top_k, top_p)
     check_max_new_tokens(max_new_tokens)
