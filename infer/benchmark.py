@@ -17,6 +17,10 @@ thermal state); one warm-up run of each comes first.
   source of guesses contributes. ``--methods`` picks a subset (``plain`` always runs: it is
   the reference).
 
+All methods share one model, whose linear weights ``medusa_lite.load`` pre-packs on CPU in fp32
+for the tree's verification size (``--no-prepack``: not); a PLD step of at most that many tokens
+uses the packed weights too. ``results.json`` records it as ``machine.prepacked_rows``.
+
 Reported per category and overall: mean accepted tokens per step (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
 hook for plain and PLD), tokens/s, speed-up vs plain (plain's total time / the method's total
@@ -38,7 +42,7 @@ import torch
 from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
 from tqdm import tqdm
 
-from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, set_threads, timed
+from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, prepack_choice, set_threads, timed
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.loading import DTYPES, load, tree_of
@@ -286,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to run (plain always runs)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for MKL (default: pre-pack on CPU in fp32)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
 
@@ -327,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         set_threads(args.threads)
         dtype = DTYPES[args.dtype]
-        model, tokenizer = load(args.model, heads=args.heads, dtype=dtype, tree=args.tree)
+        model, tokenizer = load(args.model, heads=args.heads, dtype=dtype, tree=args.tree, prepack=prepack_choice(args))
         questions = read_questions(args.questions)
         questions = questions if args.full else stratified_subset(questions, args.quick)
         records = run_benchmark(model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens)
@@ -346,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lookup_tokens": args.lookup_tokens,
         "tree_nodes": tree.num_nodes,
         "tree": [list(path) for path in tree.paths],
-        "machine": machine_info(model.base_model.dtype),
+        "machine": machine_info(model.base_model.dtype, model.base_model),
     }
     write_outputs(Path(args.out), summary, records, settings)
     print(markdown_table(summary))

@@ -28,6 +28,7 @@ from transformers import TextStreamer
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.loading import DTYPES, load, tree_of
+from medusa_lite.prepack import prepacked_rows
 from medusa_lite.sampling import SamplingSettings
 
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
@@ -82,9 +83,9 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_info(dtype: torch.dtype) -> dict:
-    """Where and how a measurement ran, to store next to it."""
-    return {
+def machine_info(dtype: torch.dtype, model: torch.nn.Module | None = None) -> dict:
+    """Where and how a measurement ran, to store next to it; with ``model``, also its ``prepacked_rows``."""
+    info = {
         "cpu": cpu_model(),
         "torch_threads": torch.get_num_threads(),
         "dtype": str(dtype).removeprefix("torch."),
@@ -94,6 +95,14 @@ def machine_info(dtype: torch.dtype) -> dict:
         "platform": platform.platform(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if model is not None:
+        info["prepacked_rows"] = prepacked_rows(model)  # None: linear weights not pre-packed
+    return info
+
+
+def prepack_choice(args: argparse.Namespace) -> bool | None:
+    """``load``'s ``prepack`` for a command's ``--no-prepack`` flag: False, else None (automatic)."""
+    return False if args.no_prepack else None
 
 
 def set_threads(threads: int | None) -> None:
@@ -118,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU (faster there, and exact), bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for MKL (default: pre-pack on CPU in fp32)")
     parser.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     parser.add_argument("--compare", action="store_true", help="also run plain model.generate and print the speed-up")
     return parser
@@ -152,7 +162,7 @@ def compare_line(medusa: Run, plain: Run, greedy: bool) -> str:
 def run(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p)
-    model, tokenizer = load(args.model, heads=args.heads, dtype=DTYPES[args.dtype], tree=args.tree)
+    model, tokenizer = load(args.model, heads=args.heads, dtype=DTYPES[args.dtype], tree=args.tree, prepack=prepack_choice(args))
     tree = tree_of(model)
     input_ids = chat_input_ids(tokenizer, args.prompt, raw=args.raw)
 

@@ -26,8 +26,10 @@ from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntr
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from medusa_lite.errors import MedusaError, TreeError
+from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.model import MedusaModel
+from medusa_lite.prepack import check_prepack_supported, prepack_linears, prepack_supported
 from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, tree_for_heads
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
@@ -146,6 +148,18 @@ def heads_source_for(model: str | os.PathLike | None, heads: str | os.PathLike |
     return DEFAULT_HEADS_DIR
 
 
+def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None) -> None:
+    """Pack ``base``'s linear layers for verifying ``tree`` plus the default prompt-lookup chain.
+
+    ``prepack`` None: when :func:`~medusa_lite.prepack.prepack_supported`; True: always (raise
+    :class:`~medusa_lite.errors.UnsupportedModelError` when unsupported); False: never.
+    """
+    if prepack is False or (prepack is None and not prepack_supported(base)):
+        return
+    check_prepack_supported(base)
+    prepack_linears(base, tree.num_nodes + DEFAULT_LOOKUP_TOKENS)  # fewer than MIN_PREPACKED_ROWS: packs nothing
+
+
 def load(
     model: str | os.PathLike | None = None,
     *,
@@ -153,6 +167,7 @@ def load(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     tree: TreeSpec = None,
+    prepack: bool | None = None,
 ) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
     """``(MedusaModel, tokenizer)`` ready for :func:`medusa_lite.generate`; ``model.tree`` is its tree.
 
@@ -161,6 +176,10 @@ def load(
     ``model``: a local folder or Hub id of a causal LM (None: the default SmolLM2-135M-Instruct).
     ``heads``: a heads folder, Hub repo or :class:`MedusaHeads` (None: the heads shipped for the
     default model). ``tree``: see the module docstring.
+
+    ``prepack``: pack the target's linear weights for MKL, sized for the tree + the default lookup
+    chain (:mod:`medusa_lite.prepack`; measured: an 8-node step 1.80 -> 1.55x a one-token step).
+    None: when possible (float32 on CPU with MKL); True: raise if not possible; False: never.
     """
     if isinstance(heads, MedusaHeads):
         heads_module, source = heads, None
@@ -169,4 +188,5 @@ def load(
         heads_module = MedusaHeads.from_pretrained(source)
     base, tokenizer = load_target(model, dtype, device)
     medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source)).eval()
+    prepack_for_tree(medusa.base_model, medusa.tree, prepack)
     return medusa, tokenizer

@@ -1,0 +1,280 @@
+"""``medusa_lite.prepack``: MKL-packed linear weights for tree verification on CPU, and ``load(prepack=...)``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_cli import import_infer_script, save_tiny_checkpoint
+from tiny_models import TINY_SIZES, plain_greedy, random_heads, tiny_base_model
+from torch import nn
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from medusa_lite import MedusaError, MedusaModel, Tree, UnsupportedModelError, generate
+from medusa_lite.cli import build_parser, machine_info, main, prepack_choice
+from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
+from medusa_lite.loading import load
+from medusa_lite.prepack import (
+    MIN_PREPACKED_ROWS,
+    PrepackedLinear,
+    mkl_packing_available,
+    prepack_linears,
+    prepack_supported,
+    prepacked_rows,
+    unpack_linears,
+)
+
+pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed linear ops")
+
+IN_FEATURES, OUT_FEATURES = 24, 40
+PACKED_ROWS = 8
+ROW_COUNTS = range(1, PACKED_ROWS + 3)  # below, inside and above the packed range
+PACKED_RANGE = range(MIN_PREPACKED_ROWS, PACKED_ROWS + 1)
+FLOAT32_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+WIDE_TREE = Tree.from_paths([(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)])
+VOCAB_SIZE = 96
+NUM_PROMPTS = 4
+MAX_NEW_TOKENS = 30
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: these checks are about values, and a busy CPU slows MKL's threaded GEMMs many times over."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def mkl_linear_calls(monkeypatch) -> list[int]:
+    """The row count (``batch_size``) of every ``torch.ops.mkl._mkl_linear`` call made during the test."""
+    calls: list[int] = []
+    original = torch.ops.mkl._mkl_linear
+
+    def counted(inputs, packed_weight, weight, bias, batch_size):
+        calls.append(batch_size)
+        return original(inputs, packed_weight, weight, bias, batch_size)
+
+    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", counted)
+    return calls
+
+
+def linear_layer(bias: bool) -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(IN_FEATURES, OUT_FEATURES, bias=bias)
+
+
+def layers_of_type(model: nn.Module, kind: type) -> list[nn.Module]:
+    return [module for module in model.modules() if type(module) is kind]
+
+
+def tiny_tied_model() -> nn.Module:
+    """A tiny fp32 llama whose lm_head shares the input embedding's weight."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB_SIZE, **TINY_SIZES, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32).eval()
+
+
+def weight_pointers(model: nn.Module) -> dict[str, int]:
+    return {name: tensor.data_ptr() for name, tensor in model.state_dict().items()}
+
+
+def spy_on(monkeypatch, module_name: str, function: Callable) -> list[dict]:
+    """Record the keyword arguments of every call of ``module_name.<function>``, still calling it."""
+    calls: list[dict] = []
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return function(*args, **kwargs)
+
+    monkeypatch.setattr(f"{module_name}.{function.__name__}", spy)
+    return calls
+
+
+# -- PrepackedLinear ---------------------------------------------------------------------------
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_prepacked_linear_matches_f_linear_for_every_row_count(bias, mkl_linear_calls):
+    linear = linear_layer(bias)
+    packed = PrepackedLinear(linear, PACKED_ROWS)
+    assert packed.weight is linear.weight and packed.bias is linear.bias
+    assert set(packed.state_dict()) == set(linear.state_dict())  # the packed copy is not saved
+    generator = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for rows in ROW_COUNTS:
+            flat = torch.randn(rows, IN_FEATURES, generator=generator)
+            for inputs in (flat[None], flat):
+                expected = F.linear(inputs, linear.weight, linear.bias)
+                calls_before = len(mkl_linear_calls)
+                output = packed(inputs)
+                assert output.shape == expected.shape
+                if rows in PACKED_RANGE:
+                    assert mkl_linear_calls[calls_before:] == [PACKED_ROWS], f"{rows} rows: packed path not taken"
+                    torch.testing.assert_close(output, expected, **FLOAT32_TOLERANCE)
+                else:
+                    assert len(mkl_linear_calls) == calls_before, f"{rows} rows: packed path taken"
+                    assert torch.equal(output, expected), f"{rows} rows: plain path not bit-identical"
+
+
+def test_prepacked_linear_handles_non_contiguous_inputs():
+    linear = linear_layer(bias=True)
+    packed = PrepackedLinear(linear, PACKED_ROWS)
+    inputs = torch.randn(IN_FEATURES, PACKED_ROWS).t()  # exactly the packed row count: no padding copy
+    assert not inputs.is_contiguous()
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(inputs), F.linear(inputs, linear.weight, linear.bias), **FLOAT32_TOLERANCE)
+
+
+def test_gradients_take_the_plain_path(mkl_linear_calls):
+    linear = linear_layer(bias=True)
+    packed = PrepackedLinear(linear, PACKED_ROWS)
+    inputs = torch.randn(1, PACKED_ROWS - 1, IN_FEATURES, requires_grad=True)
+    with torch.enable_grad():
+        packed(inputs).square().sum().backward()
+    assert mkl_linear_calls == []
+    packed_grads = [inputs.grad.clone(), linear.weight.grad.clone(), linear.bias.grad.clone()]
+    inputs.grad = linear.weight.grad = linear.bias.grad = None
+    F.linear(inputs, linear.weight, linear.bias).square().sum().backward()
+    for packed_grad, plain_grad in zip(packed_grads, [inputs.grad, linear.weight.grad, linear.bias.grad]):
+        assert torch.equal(packed_grad, plain_grad)
+    with torch.no_grad():
+        packed(inputs)
+    assert mkl_linear_calls == [PACKED_ROWS]  # without grad the same input takes the packed path
+
+
+# -- prepack_linears / unpack_linears ----------------------------------------------------------
+def test_prepack_linears_swaps_layers_and_keeps_parameters():
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
+    num_linears = len(layers_of_type(base, nn.Linear))
+    state = {name: tensor.clone() for name, tensor in base.state_dict().items()}
+    pointers = weight_pointers(base)
+    assert prepacked_rows(base) is None
+
+    assert prepack_linears(base, PACKED_ROWS) == num_linears
+    assert len(layers_of_type(base, PrepackedLinear)) == num_linears and not layers_of_type(base, nn.Linear)
+    assert prepacked_rows(base) == PACKED_ROWS
+    assert weight_pointers(base) == pointers
+    assert all(torch.equal(tensor, state[name]) for name, tensor in base.state_dict().items())
+
+    repacked_rows = PACKED_ROWS + 4
+    assert prepack_linears(base, repacked_rows) == num_linears
+    layers = layers_of_type(base, PrepackedLinear)
+    assert len(layers) == num_linears and all(layer.rows == repacked_rows and not list(layer.children()) for layer in layers)
+    assert weight_pointers(base) == pointers
+
+    unpack_linears(base)
+    assert len(layers_of_type(base, nn.Linear)) == num_linears and not layers_of_type(base, PrepackedLinear)
+    assert prepacked_rows(base) is None and weight_pointers(base) == pointers
+
+
+def test_rows_below_the_minimum_unpack():
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
+    prepack_linears(base, PACKED_ROWS)
+    assert prepack_linears(base, MIN_PREPACKED_ROWS - 1) == 0
+    assert prepacked_rows(base) is None and not layers_of_type(base, PrepackedLinear)
+
+
+def test_tied_weights_stay_tied_and_outputs_agree():
+    model = tiny_tied_model()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    tokens = torch.randint(0, VOCAB_SIZE, (1, PACKED_ROWS - 2), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        one_token, several = model(tokens[:, :1]).logits, model(tokens).logits
+    prepack_linears(model, PACKED_ROWS)
+    assert isinstance(model.lm_head, PrepackedLinear) and model.lm_head.weight is model.model.embed_tokens.weight
+    assert list(model.state_dict()) == list(tiny_tied_model().state_dict())
+    with torch.inference_mode():
+        assert torch.equal(model(tokens[:, :1]).logits, one_token)
+        torch.testing.assert_close(model(tokens).logits, several, **FLOAT32_TOLERANCE)
+    unpack_linears(model)
+    assert type(model.lm_head) is nn.Linear and model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_bfloat16_model_is_refused_with_a_clear_error():
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE).to(torch.bfloat16)
+    assert not prepack_supported(base)
+    with pytest.raises(UnsupportedModelError, match="bfloat16, not float32"):
+        prepack_linears(base, PACKED_ROWS)
+    assert issubclass(UnsupportedModelError, ValueError)
+    unpack_linears(base)  # unpacking never needs MKL
+    assert not layers_of_type(base, PrepackedLinear)
+
+
+# -- exactness ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_greedy_on_a_prepacked_model_matches_plain_greedy(family, mkl_linear_calls):
+    base = tiny_base_model(family, vocab_size=VOCAB_SIZE, seed=3)
+    model = MedusaModel(base, random_heads(base, num_heads=3, seed=4), tree=WIDE_TREE)
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, VOCAB_SIZE, (1, int(torch.randint(1, 20, (1,), generator=generator))), generator=generator) for _ in range(NUM_PROMPTS)]
+    expected = [plain_greedy(base, prompt, MAX_NEW_TOKENS) for prompt in prompts]  # before packing
+
+    rows = WIDE_TREE.num_nodes + DEFAULT_LOOKUP_TOKENS
+    prepack_linears(base, rows)
+    for prompt, reference in zip(prompts, expected):
+        assert torch.equal(generate(model, prompt, MAX_NEW_TOKENS).sequences, reference), f"{family}: diverged from plain greedy"
+    assert mkl_linear_calls and set(mkl_linear_calls) == {rows}, "verification never took the packed path"
+
+
+# -- load and the commands ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
+    return save_tiny_checkpoint(tmp_path_factory.mktemp("prepack"))
+
+
+def test_load_prepacks_float32_on_cpu_by_default(checkpoint):
+    model, _ = load(checkpoint[0], heads=checkpoint[1])
+    expected_rows = model.tree.num_nodes + DEFAULT_LOOKUP_TOKENS
+    assert expected_rows >= MIN_PREPACKED_ROWS
+    assert prepacked_rows(model.base_model) == expected_rows
+    assert not layers_of_type(model.base_model, nn.Linear), "a linear layer of the target was left unpacked"
+    assert not layers_of_type(model.heads, PrepackedLinear), "the heads were packed"
+    assert prepacked_rows(load(checkpoint[0], heads=checkpoint[1], prepack=True)[0].base_model) == expected_rows
+
+
+def test_load_without_prepack_packs_nothing(checkpoint):
+    model, _ = load(checkpoint[0], heads=checkpoint[1], prepack=False)
+    assert prepacked_rows(model.base_model) is None and not layers_of_type(model, PrepackedLinear)
+    bf16, _ = load(checkpoint[0], heads=checkpoint[1], dtype=torch.bfloat16)  # automatic: unsupported, no error
+    assert prepacked_rows(bf16.base_model) is None
+
+
+def test_load_refuses_prepack_on_an_unsupported_dtype(checkpoint):
+    with pytest.raises(MedusaError, match="bfloat16") as error:
+        load(checkpoint[0], heads=checkpoint[1], dtype=torch.bfloat16, prepack=True)
+    assert isinstance(error.value, UnsupportedModelError)
+
+
+def test_cli_no_prepack_flag_reaches_load(checkpoint, monkeypatch, capsys):
+    assert prepack_choice(build_parser().parse_args([])) is None
+    assert prepack_choice(build_parser().parse_args(["--no-prepack"])) is False
+    loads = spy_on(monkeypatch, "medusa_lite.cli", load)
+    common = ["--model", str(checkpoint[0]), "--heads", str(checkpoint[1]), "--max-new-tokens", "4", "--threads", "1"]
+    assert main([*common, "--no-prepack"]) == 0 and main(common) == 0
+    capsys.readouterr()
+    assert [call["prepack"] for call in loads] == [False, None]
+
+
+def test_machine_info_records_prepacked_rows(checkpoint):
+    model, _ = load(checkpoint[0], heads=checkpoint[1])
+    assert machine_info(torch.float32, model.base_model)["prepacked_rows"] == prepacked_rows(model.base_model) is not None
+    assert "prepacked_rows" not in machine_info(torch.float32)  # the old call form still works
+    unpack_linears(model.base_model)
+    assert machine_info(torch.float32, model.base_model)["prepacked_rows"] is None
+
+
+@pytest.mark.parametrize("flags", [[], ["--no-prepack"]], ids=["default", "no-prepack"])
+def test_benchmark_records_prepacking(checkpoint, tmp_path, flags):
+    benchmark = import_infer_script("benchmark")
+    questions_file = tmp_path / "questions.jsonl"
+    questions_file.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["What is the capital city of France?"]}) + "\n")
+    out = tmp_path / "bench"
+    args = ["--model", str(checkpoint[0]), "--heads", str(checkpoint[1]), "--questions", str(questions_file), "--methods", "heads"]
+    assert benchmark.main([*args, "--max-new-tokens", "4", "--threads", "1", "--out", str(out), *flags]) == 0
+    results = json.loads((out / "results.json").read_text())
+    expected = None if flags else results["tree_nodes"] + DEFAULT_LOOKUP_TOKENS
+    assert results["machine"]["prepacked_rows"] == expected
