@@ -148,6 +148,11 @@ def heads_source_for(model: str | os.PathLike | None, heads: str | os.PathLike |
     return DEFAULT_HEADS_DIR
 
 
+def verification_rows(num_nodes: int) -> int:
+    """The most rows a decoding step verifies with a tree of ``num_nodes``: its nodes + the default lookup chain."""
+    return num_nodes + DEFAULT_LOOKUP_TOKENS
+
+
 def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None) -> None:
     """Pack ``base``'s linear layers for verifying ``tree`` plus the default prompt-lookup chain.
 
@@ -157,7 +162,7 @@ def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None) ->
     if prepack is False or (prepack is None and not prepack_supported(base)):
         return
     check_prepack_supported(base)
-    prepack_linears(base, tree.num_nodes + DEFAULT_LOOKUP_TOKENS)  # fewer than MIN_PREPACKED_ROWS: packs nothing
+    prepack_linears(base, verification_rows(tree.num_nodes))  # fewer than MIN_PREPACKED_ROWS: packs nothing
 
 
 def load(

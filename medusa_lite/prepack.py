@@ -10,7 +10,8 @@ TorchInductor's freezing pass uses) and multiply by the packed copy afterwards.
 sharing its parameters: inputs of ``MIN_PREPACKED_ROWS`` to ``rows`` rows are zero-padded to
 ``rows`` and multiplied by the packed weight; every other input (one-token decoding, prefills
 longer than ``rows``) takes the usual path, bit for bit. The model's parameters and
-``state_dict`` are unchanged (the packed copy is a non-persistent buffer).
+``state_dict`` are unchanged (the packed copy is not a buffer, and is ignored once the weight
+changes: see :class:`PrepackedLinear`).
 :func:`medusa_lite.load` packs the target for its tree plus the default prompt-lookup chain
 unless ``prepack=False``.
 
@@ -69,20 +70,34 @@ def rows_of(inputs: torch.Tensor) -> int:
     return inputs.numel() // inputs.shape[-1] if inputs.shape[-1] else 0
 
 
+def weight_signature(weight: torch.Tensor) -> tuple:
+    """What identifies the values a packed copy was made from: storage, in-place version, dtype, device."""
+    return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+
+
 class PrepackedLinear(nn.Linear):
-    """An ``nn.Linear`` (the same parameters) that multiplies MKL-packable inputs by a packed copy."""
+    """An ``nn.Linear`` (the same parameters) that multiplies MKL-packable inputs by a packed copy.
+
+    The packed copy is a plain attribute, not a buffer: ``.to()``/``.half()`` never convert it,
+    and it is used only while the weight is the very tensor, version, dtype and device it was
+    packed from. After any change to the weight (loading, in-place updates, a dtype or device
+    move) every input takes the usual path: still correct, no longer faster (pack again).
+    """
 
     def __init__(self, linear: nn.Linear, rows: int):
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.rows = rows
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
-        self.register_buffer("packed_weight", packed, persistent=False)
+        self.packed_weight = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
+        self.packed_from = weight_signature(linear.weight)
+
+    def packed_path_applies(self, rows: int) -> bool:
+        return MIN_PREPACKED_ROWS <= rows <= self.rows and not torch.is_grad_enabled() and weight_signature(self.weight) == self.packed_from
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         rows = rows_of(inputs)
-        if not MIN_PREPACKED_ROWS <= rows <= self.rows or torch.is_grad_enabled():
+        if not self.packed_path_applies(rows) or inputs.dtype != self.weight.dtype:
             return F.linear(inputs, self.weight, self.bias)
         flat = inputs.reshape(rows, self.in_features)
         padded = F.pad(flat, (0, 0, 0, self.rows - rows))

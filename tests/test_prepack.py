@@ -278,3 +278,18 @@ def test_benchmark_records_prepacking(checkpoint, tmp_path, flags):
     results = json.loads((out / "results.json").read_text())
     expected = None if flags else results["tree_nodes"] + DEFAULT_LOOKUP_TOKENS
     assert results["machine"]["prepacked_rows"] == expected
+
+
+def test_a_changed_weight_is_never_multiplied_by_its_stale_packed_copy(mkl_linear_calls):
+    """In-place updates and dtype round trips leave the packed copy behind: the usual path takes over."""
+    torch.manual_seed(0)
+    layer = PrepackedLinear(nn.Linear(IN_FEATURES, OUT_FEATURES), PACKED_ROWS)
+    inputs = torch.randn(PACKED_ROWS, IN_FEATURES)
+    with torch.no_grad():
+        layer(inputs)
+        assert mkl_linear_calls == [PACKED_ROWS]
+        layer.weight.mul_(2.0)
+        assert torch.equal(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
+        layer.to(torch.bfloat16).to(torch.float32)
+        assert torch.equal(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
+    assert mkl_linear_calls == [PACKED_ROWS], "the packed path ran on a stale copy"
