@@ -26,7 +26,7 @@ prefill and the bonus token counted: plain = 1.00; target calls are counted with
 hook for plain and PLD), tokens/s, speed-up vs plain (plain's total time / the method's total
 time), and the fraction of outputs token-identical to plain greedy. Writes ``results.json``
 (every question, the summary, machine, threads, dtype, versions, date), ``results.md`` and two
-PNG plots into ``--out``.
+PNG plots into ``--out`` at the end, and ``progress.jsonl`` (one record per question) as it goes.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_QUICK = 26
 PLD_NUM_TOKENS = 10
 WARMUP_TOKENS = 16
+PROGRESS_FILE = "progress.jsonl"  # one line per finished question, written as the run goes
 METHODS = ("plain", "pld", "medusa", "heads")
 LABELS = {"plain": "plain generate", "pld": "prompt lookup (PLD)", "medusa": "medusa-lite", "heads": "medusa-lite, heads only"}
 SHORT = {"pld": "PLD", "medusa": "medusa", "heads": "heads only"}
@@ -296,8 +297,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_benchmark(
-    model: MedusaModel, tokenizer, questions: Sequence[dict], max_new_tokens: int, methods: Sequence[str] = METHODS, lookup_tokens: int = DEFAULT_LOOKUP_TOKENS
+    model: MedusaModel,
+    tokenizer,
+    questions: Sequence[dict],
+    max_new_tokens: int,
+    methods: Sequence[str] = METHODS,
+    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
+    on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
+    """One record per question (see :func:`question_record`); ``on_record`` gets each as soon as it is measured."""
     methods = [method for method in METHODS if method in set(methods) | {"plain"}]
     settings = MedusaSettings(tree_of(model), lookup_tokens)
     prompts = [chat_input_ids(tokenizer, question["turns"][0]).to(model.device) for question in questions]
@@ -308,7 +316,21 @@ def run_benchmark(
         order = rotated(methods, index)
         results = {method: RUNNERS[method](model, input_ids, max_new_tokens, settings) for method in order}
         records.append(question_record(question, order, results))
+        if on_record is not None:
+            on_record(records[-1])
     return records
+
+
+def progress_writer(path: Path) -> Callable[[dict], None]:
+    """Append each finished question's record to ``path`` (JSON lines), so a crash loses no measured question."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("", encoding="utf-8")
+
+    def write(record: dict) -> None:
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    return write
 
 
 def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: dict) -> None:
@@ -335,7 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, tokenizer = load(args.model, heads=args.heads, dtype=dtype, tree=args.tree, prepack=prepack_choice(args))
         questions = read_questions(args.questions)
         questions = questions if args.full else stratified_subset(questions, args.quick)
-        records = run_benchmark(model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens)
+        progress = progress_writer(Path(args.out) / PROGRESS_FILE)
+        records = run_benchmark(model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens, on_record=progress)
     except MedusaError as error:
         print(f"benchmark: error: {error}", file=sys.stderr)
         return EXIT_USAGE_ERROR

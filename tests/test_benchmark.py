@@ -68,6 +68,8 @@ def test_benchmark_end_to_end_fp32(tmp_path):
 
     table = (out / "results.md").read_text()
     assert "| **overall** | 3 |" in table and "float32" in table
+    progress = [json.loads(line) for line in (out / benchmark.PROGRESS_FILE).read_text().splitlines()]
+    assert progress == results["questions"], "progress.jsonl holds every question's record as measured"
 
 
 def test_benchmark_runs_a_subset_of_methods(tmp_path):
