@@ -38,8 +38,9 @@ from transformers import DynamicCache
 from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, set_threads
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import accepted_path, propose
-from medusa_lite.loading import DEFAULT_HEADS_DIR, DTYPES, TREE_FILE_NAME, MissingHeadsError, heads_source_for, load, load_target, write_tree_file
+from medusa_lite.loading import DEFAULT_HEADS_DIR, DTYPES, TREE_FILE_NAME, MissingHeadsError, heads_source_for, load, load_target, verification_rows, write_tree_file
 from medusa_lite.model import MedusaModel
+from medusa_lite.prepack import prepack_linears, prepack_supported
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import REFERENCE_TOPK_ACCURACY, Tree, best_tree, expected_accepted_tokens
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
@@ -84,17 +85,34 @@ def timed_step(model: MedusaModel, cache: DynamicCache, hidden: torch.Tensor, ro
     return verify_end - verify_start, end - start
 
 
+def timing_order(num_trees: int) -> list[int]:
+    """Tree indices in the order they are timed: forward, then backward (cancels slow drift)."""
+    forward = list(range(num_trees))
+    return forward + forward[::-1]
+
+
 @torch.inference_mode()
-def measure_step_costs(model: MedusaModel, trees: Sequence[Tree], *, prefix_tokens: int, repeats: int, warmup: int) -> list[StepCost]:
-    """Median verify and step time of each tree over a cached random prefix (sizes interleaved)."""
+def measure_step_costs(model: MedusaModel, trees: Sequence[Tree], *, prefix_tokens: int, repeats: int, warmup: int, prepack: bool = False) -> list[StepCost]:
+    """Median verify and step time of each tree over a cached random prefix.
+
+    Each tree is timed in two blocks (sizes forward, then backward), ``warmup`` untimed steps and
+    about ``repeats / 2`` timed ones per block. ``prepack``: before each block, pack the target's
+    linear weights for that tree as :func:`medusa_lite.load` would (tree + default lookup chain).
+    """
     prefix = random_prefix(model.config.vocab_size, prefix_tokens).to(model.device)
     cache = DynamicCache()
     prefill = model.target_forward(prefix[None], cache=cache, use_cache=True)
     root = prefill.logits[0, -1:].argmax(dim=-1)
     hidden = prefill.hidden[0, -1]
     samples: list[list[tuple[float, float]]] = [[] for _ in trees]
-    for repeat in tqdm(range(warmup + repeats), desc="timing steps", leave=False):
-        for index, tree in enumerate(trees):
+    order = timing_order(len(trees))
+    per_block = -(-repeats // 2)
+    for block, index in enumerate(tqdm(order, desc="timing steps", leave=False)):
+        tree = trees[index]
+        if prepack:
+            prepack_linears(model.base_model, verification_rows(tree.num_nodes))
+        timed = per_block if block < len(trees) else repeats - per_block
+        for repeat in range(warmup + timed):
             timing = timed_step(model, cache, hidden, root, tree)
             if repeat >= warmup:
                 samples[index].append(timing)
@@ -128,8 +146,9 @@ def head_hits(model: MedusaModel, sequence: torch.Tensor, first_position: int, m
     hidden = model.target_forward(sequence[None]).hidden[0]
     hits = torch.zeros(model.num_heads, max_rank)
     counts = torch.zeros(model.num_heads)
-    for position in range(first_position, sequence.numel()):
-        guesses = model.head_topk(hidden[position], max_rank).cpu()  # [K, max_rank]
+    for position in range(first_position, sequence.numel() - 2):  # head 1 needs token n+2
+        next_token = sequence[position + 1] if model.reads_next_token else None
+        guesses = model.head_topk(hidden[position], max_rank, next_tokens=next_token).cpu()  # [K, max_rank]
         for head in range(model.num_heads):
             target_position = position + 2 + head
             if target_position < sequence.numel():
@@ -207,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--measure-on", default=None, help="prompts (.jsonl or .txt) to measure head accuracies on, instead of the heads' training summary")
     parser.add_argument("--measure-tokens", type=int, default=DEFAULT_MEASURE_TOKENS, help="greedy tokens per prompt for --measure-on")
     parser.add_argument("--max-rank", type=int, default=DEFAULT_MAX_RANK, help="ranks per head measured by --measure-on")
+    parser.add_argument("--no-prepack", action="store_true", help="time steps without MKL-packed linear weights (as load(prepack=False) decodes)")
     parser.add_argument("--costs-only", action="store_true", help="only time steps (fresh heads stand in if none are given)")
     parser.add_argument("--out", default=None, help=f"where to write the JSON (default: {TREE_FILE_NAME} in the heads folder)")
     return parser
@@ -222,7 +242,7 @@ def load_model(args: argparse.Namespace):
             raise
         base, tokenizer = load_target(args.model, dtype, "cpu")
         return MedusaModel.with_new_heads(base, COSTS_ONLY_NUM_HEADS).eval(), tokenizer, None
-    model, tokenizer = load(args.model, heads=source, dtype=dtype, tree=[])
+    model, tokenizer = load(args.model, heads=source, dtype=dtype, tree=[], prepack=False)  # packed per size while timing
     return model, tokenizer, source
 
 
@@ -257,10 +277,11 @@ def calibrate(args: argparse.Namespace) -> Path | None:
     accuracy, accuracy_source = topk_accuracy_for(args, model, tokenizer)
     sizes = sorted(set(args.sizes) | {1})
     trees = trees_for_sizes(accuracy, sizes)
-    costs = measure_step_costs(model, trees, prefix_tokens=args.prefix_tokens, repeats=args.repeats, warmup=args.warmup)
+    prepack = not args.no_prepack and prepack_supported(model.base_model)
+    costs = measure_step_costs(model, trees, prefix_tokens=args.prefix_tokens, repeats=args.repeats, warmup=args.warmup, prepack=prepack)
     rows = prediction_table(trees, costs, accuracy)
     chosen = None if args.costs_only else best_row(rows)
-    print(f"{str(model.base_model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, accuracies: {accuracy_source}")
+    print(f"{str(model.base_model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, {'MKL-packed linears per tree size' if prepack else 'unpacked linears'}, accuracies: {accuracy_source}")
     print(format_table(rows, chosen))
     if out is None:
         return None
@@ -271,6 +292,7 @@ def calibrate(args: argparse.Namespace) -> Path | None:
         "accuracy_source": accuracy_source,
         "topk_accuracy": accuracy,
         "prefix_tokens": args.prefix_tokens,
+        "prepacked": prepack,
         "repeats": args.repeats,
         "machine": machine_info(model.base_model.dtype),
         "table": [asdict(row) for row in rows],

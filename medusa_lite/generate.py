@@ -91,7 +91,7 @@ def head_guesses(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Ten
     """Tree tokens [N]: the root, then at each node of depth d head d's guess of that node's rank."""
     if tree.depth == 0:
         return root_token.view(1)
-    guesses = model.head_topk(hidden, max(tree.topk_per_depth()), tree.depth)  # [depth, k]
+    guesses = model.head_topk(hidden, max(tree.topk_per_depth()), tree.depth, next_tokens=root_token.view(()))  # [depth, k]
     depths, ranks = tree.node_depths[1:].to(guesses.device), tree.node_ranks[1:].to(guesses.device)
     return torch.cat([root_token.view(1), guesses[depths - 1, ranks]])
 

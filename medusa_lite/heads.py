@@ -2,6 +2,8 @@
 
 Head k (k = 1..K) guesses the token k+1 positions ahead of the hidden state it reads: with the
 hidden state at position n (whose base logits predict token n+1), head k predicts token n+1+k.
+Heads with ``next_token_input`` also read token n+1 itself (the tree's root, which the target has
+chosen before the heads guess): see :class:`MedusaConfig`.
 
 The heads are an adapter in the PEFT sense: a config dataclass naming its base model, a module,
 and a Hub folder of ``config.json`` + ``model.safetensors`` (saved and pushed with
@@ -58,6 +60,7 @@ class MedusaConfig:
     num_layers: int = 1
     use_base_lm_head: bool = True
     draft_vocab_size: int | None = None
+    next_token_input: bool = False
     base_model_name_or_path: str | None = None
     # Free-form facts about how the heads were made (data, accuracies); never read by the code.
     training_summary: dict = field(default_factory=dict)
@@ -67,6 +70,8 @@ class MedusaConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"MedusaConfig.{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.next_token_input, bool):
+            raise ValueError(f"MedusaConfig.next_token_input must be true or false, got {self.next_token_input!r}")
         if not isinstance(self.num_layers, int) or self.num_layers < 0:
             raise ValueError(f"MedusaConfig.num_layers must be an integer >= 0, got {self.num_layers!r}")
         draft = self.draft_vocab_size
@@ -120,6 +125,16 @@ class MedusaHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.blocks(hidden)
+
+
+def pass_through_fuse(hidden_size: int) -> nn.Linear:
+    """Linear [hidden; next-token embedding] (2H) -> H that starts as the identity on the hidden half."""
+    fuse = nn.Linear(2 * hidden_size, hidden_size)
+    with torch.no_grad():
+        fuse.weight.zero_()
+        fuse.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+        fuse.bias.zero_()
+    return fuse
 
 
 def draft_ids_problem(token_ids: torch.Tensor, vocab_size: int) -> str | None:
@@ -183,6 +198,7 @@ class MedusaHeads(
         super().__init__()
         self.config = config
         self.heads = nn.ModuleList(MedusaHead(config) for _ in range(config.num_heads))
+        self.next_token_fuse = pass_through_fuse(config.hidden_size) if config.next_token_input else None
         placeholder = None if config.draft_vocab_size is None else torch.arange(config.draft_vocab_size)
         self.register_buffer(DRAFT_IDS_NAME, placeholder, persistent=True)
 
@@ -199,8 +215,18 @@ class MedusaHeads(
         with torch.no_grad():
             self.draft_token_ids.copy_(token_ids.to(self.draft_token_ids.device))
 
-    def forward(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
-        """Hidden states [..., H] -> the first ``num_heads`` (default all) heads' hidden states [..., k, H]."""
+    def forward(self, hidden: torch.Tensor, num_heads: int | None = None, next_token_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """Hidden states [..., H] -> the first ``num_heads`` (default all) heads' hidden states [..., k, H].
+
+        ``next_token_embeds`` [..., H]: the base model's input embeddings of the token following
+        each hidden state; required by heads with ``config.next_token_input``, refused by others.
+        """
+        if self.next_token_fuse is not None:
+            if next_token_embeds is None:
+                raise ValueError("these heads read the next token (config.next_token_input): pass next_token_embeds")
+            hidden = self.next_token_fuse(torch.cat([hidden, next_token_embeds.to(hidden.dtype)], dim=-1))
+        elif next_token_embeds is not None:
+            raise ValueError("next_token_embeds given to heads that do not read the next token (config.next_token_input is false)")
         return torch.stack([head(hidden) for head in self.heads[:num_heads]], dim=-2)
 
     def project(self, head_hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:

@@ -99,7 +99,7 @@ class MedusaModel(nn.Module):
 
     @classmethod
     def with_new_heads(
-        cls, base_model: PreTrainedModel, num_heads: int, *, num_layers: int = 1, use_base_lm_head: bool = True, draft_token_ids: torch.Tensor | None = None
+        cls, base_model: PreTrainedModel, num_heads: int, *, num_layers: int = 1, use_base_lm_head: bool = True, draft_token_ids: torch.Tensor | None = None, next_token_input: bool = False
     ) -> "MedusaModel":
         """Attach freshly initialised heads sized for ``base_model``; ``draft_token_ids``: guess among these tokens only."""
         config = MedusaConfig(
@@ -109,6 +109,7 @@ class MedusaModel(nn.Module):
             num_layers=num_layers,
             use_base_lm_head=use_base_lm_head,
             draft_vocab_size=None if draft_token_ids is None else int(torch.as_tensor(draft_token_ids).numel()),
+            next_token_input=next_token_input,
             base_model_name_or_path=base_model_name(base_model),
         )
         heads = MedusaHeads(config)
@@ -145,29 +146,53 @@ class MedusaModel(nn.Module):
         out = self.base_model(input_ids=input_ids, output_hidden_states=True, **kwargs)
         return TargetOutput(logits=out.logits, hidden=out.hidden_states[-1])
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+    @property
+    def reads_next_token(self) -> bool:
+        """Whether the heads also read the token after the hidden state (``config.next_token_input``)."""
+        return self.heads.config.next_token_input
+
+    def next_token_embeds(self, next_tokens: torch.Tensor | None) -> torch.Tensor | None:
+        """The base model's input embeddings of ``next_tokens`` for heads that read them, else None."""
+        if not self.reads_next_token:
+            return None
+        if next_tokens is None:
+            raise ValueError("these heads read the token after each hidden state (config.next_token_input): pass next_tokens")
+        return self.base_model.get_input_embeddings()(next_tokens)
+
+    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states [..., H] -> the first ``num_heads`` (default all) heads' logits [..., k, G].
+
+        ``next_tokens`` [...]: the token following each hidden state (at decoding time the tree's
+        root), read only by heads with ``config.next_token_input`` (required for them).
 
         G = :attr:`guess_vocab_size`: logits over the full vocabulary (V), or with a draft
         vocabulary over its D tokens only, logit i being token ``heads.draft_token_ids[i]``
         (:meth:`head_topk` maps them back to token ids).
         """
         output_layer = self.draft_lm_head if self.draft_lm_head is not None else self.base_model.get_output_embeddings()
-        return self.heads.project(self.heads(hidden, num_heads), output_layer)
+        return self.heads.project(self.heads(hidden, num_heads, self.next_token_embeds(next_tokens)), output_layer)
 
-    def head_topk(self, hidden: torch.Tensor, k: int, num_heads: int | None = None) -> torch.Tensor:
+    def head_topk(self, hidden: torch.Tensor, k: int, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
         """Final hidden states [..., H] -> each head's ``k`` likeliest token ids [..., heads, k], best first.
 
-        Always full-vocabulary token ids, with or without a draft vocabulary.
+        Always full-vocabulary token ids, with or without a draft vocabulary. ``next_tokens``: as
+        in :meth:`head_logits`.
         """
         if k > self.guess_vocab_size:
             among = "their draft vocabulary" if self.heads.draft_token_ids is not None else "the vocabulary"
             raise TreeError(f"asked for each head's top-{k} guesses but the heads guess among only {self.guess_vocab_size} tokens ({among})")
-        ranked = self.head_logits(hidden, num_heads).topk(k, dim=-1).indices
+        ranked = self.head_logits(hidden, num_heads, next_tokens).topk(k, dim=-1).indices
         ids = self.heads.draft_token_ids
         return ranked if ids is None else ids[ranked]
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Base logits [B, T, V] and head logits [B, T, K, G] from one forward (G: see :meth:`head_logits`)."""
+        """Base logits [B, T, V] and head logits [B, T, K, G] from one forward (G: see :meth:`head_logits`).
+
+        Heads that read the next token get ``input_ids`` shifted by one (the last position, which
+        has no next token in ``input_ids``, gets the base model's greedy pick).
+        """
         out = self.target_forward(input_ids, **kwargs)
-        return out.logits, self.head_logits(out.hidden)
+        next_tokens = None
+        if self.reads_next_token:
+            next_tokens = torch.cat([input_ids[:, 1:], out.logits[:, -1:].argmax(dim=-1)], dim=1)
+        return out.logits, self.head_logits(out.hidden, next_tokens=next_tokens)

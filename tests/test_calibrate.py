@@ -12,7 +12,8 @@ from transformers import DynamicCache
 
 from medusa_lite import MedusaModel
 from medusa_lite.cli import plain_generate
-from medusa_lite.loading import load
+from medusa_lite.loading import load, verification_rows
+from medusa_lite.prepack import mkl_packing_available, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree, best_tree, expected_accepted_tokens
 
@@ -62,6 +63,26 @@ def test_measure_step_costs_on_tiny_model():
     costs = calibrate_tree.measure_step_costs(model, trees, prefix_tokens=24, repeats=2, warmup=1)
     assert [c.num_nodes for c in costs] == [1, 4, 8]
     assert all(0 < c.verify_ms <= c.step_ms for c in costs)
+
+
+@pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed linear ops")
+def test_prepacked_timing_packs_each_tree_as_load_would(monkeypatch):
+    """With prepack, every timed block runs with the target packed for that tree (+ lookup chain)."""
+    base = tiny_base_model()
+    model = MedusaModel(base, random_heads(base, NUM_HEADS))
+    trees = calibrate_tree.trees_for_sizes(TOPK_ACCURACY, [1, 4, 8])
+    packed_for: list[int | None] = []
+    original = calibrate_tree.timed_step
+
+    def recording(model, *args):
+        packed_for.append(prepacked_rows(model.base_model))
+        return original(model, *args)
+
+    monkeypatch.setattr(calibrate_tree, "timed_step", recording)
+    costs = calibrate_tree.measure_step_costs(model, trees, prefix_tokens=24, repeats=2, warmup=0, prepack=True)
+    assert [c.num_nodes for c in costs] == [1, 4, 8]
+    expected = [verification_rows(trees[i].num_nodes) for i in calibrate_tree.timing_order(len(trees))]
+    assert packed_for == expected
 
 
 def test_measured_accuracy_of_oracle_heads_is_perfect():

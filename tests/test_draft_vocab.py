@@ -209,7 +209,7 @@ def test_greedy_decoding_with_draft_vocab_heads_is_identical_to_plain_generate(b
 class DraftOracle(OracleMedusaModel):
     """Oracle heads (always right when they can be) that guess among the draft vocabulary only."""
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
         return super().head_logits(hidden, num_heads)[..., self.heads.draft_token_ids]
 
 

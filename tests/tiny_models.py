@@ -24,9 +24,16 @@ def tiny_base_model(family: str = "llama", *, vocab_size: int = 128, seed: int =
     return model
 
 
-def random_heads(base_model, num_heads: int = 3, *, seed: int = 1, num_layers: int = 1, use_base_lm_head: bool = True) -> MedusaHeads:
+def random_heads(base_model, num_heads: int = 3, *, seed: int = 1, num_layers: int = 1, use_base_lm_head: bool = True, next_token_input: bool = False) -> MedusaHeads:
     """Heads with random (not identity) weights, so their guesses are mostly wrong."""
-    config = MedusaConfig(num_heads=num_heads, hidden_size=base_model.config.hidden_size, vocab_size=base_model.config.vocab_size, num_layers=num_layers, use_base_lm_head=use_base_lm_head)
+    config = MedusaConfig(
+        num_heads=num_heads,
+        hidden_size=base_model.config.hidden_size,
+        vocab_size=base_model.config.vocab_size,
+        num_layers=num_layers,
+        use_base_lm_head=use_base_lm_head,
+        next_token_input=next_token_input,
+    )
     heads = MedusaHeads(config)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -53,7 +60,7 @@ class OracleMedusaModel(MedusaModel):
         with torch.no_grad():
             self.reference_hidden = base_model(reference[None], output_hidden_states=True).hidden_states[-1][0]
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None) -> torch.Tensor:
+    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
         distance = (self.reference_hidden - hidden).abs().amax(dim=-1)
         position = int(distance.argmin())
         assert float(distance[position]) < 1e-3, "oracle: hidden state not on the reference path"

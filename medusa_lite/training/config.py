@@ -67,6 +67,9 @@ class TrainConfig:
     # heads guess among the D most frequent response tokens of the training split only (None: all
     # V tokens): the projection costs D/V as much; decoding stays exact (see training/draft_vocab.py)
     draft_vocab_size: int | None = None
+    # heads also read the embedding of the token after the hidden state (the tree's root at
+    # decoding time, already chosen by the target): see MedusaConfig.next_token_input
+    next_token_input: bool = False
     # -- data
     max_length: int = 512
     eval_fraction: float = 0.05

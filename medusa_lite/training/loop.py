@@ -85,7 +85,7 @@ def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: b
         positions = int((head_targets(batch["input_ids"], batch["loss_mask"], source.num_heads) != IGNORE).any(dim=-1).sum())
         return loss, vector[:-1], vector[-1], positions
     rows = source.rows(indices)
-    loss, vector = objective(rows.hidden, rows.targets, rows.teacher_hidden, topk=topk)
+    loss, vector = objective(rows.hidden, rows.targets, rows.teacher_hidden, next_tokens=rows.next_tokens, topk=topk)
     return loss, vector, None, int(rows.targets.shape[0])
 
 

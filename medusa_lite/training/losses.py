@@ -52,6 +52,7 @@ class Rows:
     """The positions of a batch that train at least one head, flattened."""
 
     hidden: torch.Tensor  # [P, H] hidden state at position n
+    next_tokens: torch.Tensor  # [P] token n+1 (what heads with next_token_input read)
     targets: torch.Tensor  # [P, K]
     teacher_hidden: torch.Tensor | None  # [P, K, H] hidden state at position n+k (distillation)
 
@@ -77,7 +78,8 @@ def gather_rows(
         offsets = torch.arange(1, num_heads + 1, device=hidden.device)
         ahead = (position[:, None] + offsets[None, :]).clamp(max=hidden.shape[1] - 1)  # [P, K]
         teacher = source[batch_index[:, None], ahead]
-    return Rows(hidden=hidden[batch_index, position], targets=targets[batch_index, position], teacher_hidden=teacher)
+    next_tokens = input_ids[batch_index, position + 1]  # exists: a row has a target at n+2 or later
+    return Rows(hidden=hidden[batch_index, position], next_tokens=next_tokens, targets=targets[batch_index, position], teacher_hidden=teacher)
 
 
 def kl_per_row(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:

@@ -66,27 +66,39 @@ def guess_targets(heads: MedusaHeads, targets: torch.Tensor) -> torch.Tensor:
     return to_draft_targets(targets, heads.draft_token_ids, heads.config.vocab_size)
 
 
-def run_heads(heads: MedusaHeads, hidden: torch.Tensor) -> torch.Tensor:
+def run_heads(heads: MedusaHeads, hidden: torch.Tensor, next_tokens: torch.Tensor, input_embeddings: nn.Module) -> torch.Tensor:
+    """Per-head hidden states [P, K, H] in the heads' dtype; ``next_tokens`` [P] are embedded only for heads that read them."""
     parameter = next(heads.parameters())
-    return heads(hidden.to(parameter.dtype))
+    embeds = input_embeddings(next_tokens).to(parameter.dtype) if heads.config.next_token_input else None
+    return heads(hidden.to(parameter.dtype), next_token_embeds=embeds)
 
 
 class HeadsObjective(nn.Module):
-    def __init__(self, heads: MedusaHeads, base_lm_head: nn.Module, settings: LossSettings):
+    def __init__(self, heads: MedusaHeads, base_lm_head: nn.Module, settings: LossSettings, input_embeddings: nn.Module | None = None):
+        """``input_embeddings``: the base model's, needed by heads with ``config.next_token_input``."""
         super().__init__()
+        if heads.config.next_token_input and input_embeddings is None:
+            raise ValueError("heads with next_token_input need the base model's input embeddings")
         self.heads = heads
-        self._frozen = (base_lm_head,)  # a tuple: not registered as a submodule
+        self._frozen = (base_lm_head, input_embeddings)  # a tuple: not registered as submodules
         self.settings = settings
 
     @property
     def base_lm_head(self) -> nn.Module:
         return self._frozen[0]
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, teacher_hidden: torch.Tensor | None = None, topk: int = 1):
-        """``topk``: ranks counted in the stats (1 while training, the configured k when evaluating)."""
+    @property
+    def input_embeddings(self) -> nn.Module | None:
+        return self._frozen[1]
+
+    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, teacher_hidden: torch.Tensor | None = None, next_tokens: torch.Tensor | None = None, topk: int = 1):
+        """``topk``: ranks counted in the stats (1 while training, the configured k when evaluating).
+
+        ``next_tokens`` [P]: token n+1 of each row, read by heads with ``config.next_token_input``.
+        """
         s = self.settings
         loss, stats = head_loss(
-            run_heads(self.heads, hidden),
+            run_heads(self.heads, hidden, next_tokens, self.input_embeddings),
             guess_targets(self.heads, targets),
             lambda h: heads_logits(self.heads, h, self.base_lm_head),
             weights=torch.tensor(s.weights),
@@ -130,7 +142,7 @@ class Medusa2Objective(nn.Module):
             original = last_hidden(self.model, input_ids, attention_mask)
         rows = gather_rows(hidden, input_ids, loss_mask, num_heads, with_teacher=s.distill_weight > 0, teacher_source=original)
         loss, stats = head_loss(
-            run_heads(self.heads, rows.hidden.float()),
+            run_heads(self.heads, rows.hidden.float(), rows.next_tokens, self.model.get_input_embeddings()),
             guess_targets(self.heads, rows.targets),
             lambda h: heads_logits(self.heads, h, self.lm_head),
             weights=torch.tensor(s.weights),

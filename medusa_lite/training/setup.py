@@ -78,7 +78,8 @@ def check_draft_vocab_fits(config: TrainConfig, vocab_size: int) -> None:
 def fresh_heads(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None = None) -> MedusaHeads:
     """Fresh heads for ``base_model``; with ``draft_token_ids`` they guess among those tokens only."""
     heads = MedusaModel.with_new_heads(
-        base_model, config.num_heads, num_layers=config.num_layers, use_base_lm_head=config.use_base_lm_head, draft_token_ids=draft_token_ids
+        base_model, config.num_heads, num_layers=config.num_layers, use_base_lm_head=config.use_base_lm_head, draft_token_ids=draft_token_ids,
+        next_token_input=config.next_token_input,
     ).heads
     if config.model == DEFAULT_MODEL_KEYWORD:
         from medusa_lite.default_model import DEFAULT_MODEL_NAME
@@ -101,7 +102,7 @@ def add_lora(config: TrainConfig, base_model):
 def build_objective(config: TrainConfig, base_model, heads: MedusaHeads):
     settings = LossSettings(weights=config.loss_weights(), distill_weight=config.distill_weight, chunk_size=config.loss_chunk_positions)
     if config.lora is None:
-        return HeadsObjective(heads, base_model.get_output_embeddings(), settings), base_model
+        return HeadsObjective(heads, base_model.get_output_embeddings(), settings, base_model.get_input_embeddings()), base_model
     peft_model = add_lora(config, base_model)
     return Medusa2Objective(peft_model, heads, settings, config.lora.distill_weight), peft_model
 
