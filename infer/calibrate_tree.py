@@ -45,7 +45,7 @@ from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import REFERENCE_TOPK_ACCURACY, Tree, best_tree, expected_accepted_tokens
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 
-DEFAULT_SIZES = (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_PREFIX_TOKENS = 200
 DEFAULT_REPEATS = 10
 DEFAULT_WARMUP = 3
