@@ -136,6 +136,11 @@ def _overview(config: MedusaConfig) -> str:
     head_params = config.num_layers * (config.hidden_size**2 + config.hidden_size)
     if not config.use_base_lm_head:
         head_params += config.hidden_size * config.vocab_size
+    fuse_params = 2 * config.hidden_size**2 + config.hidden_size if config.next_token_input else 0
+    next_token_line = []
+    if config.next_token_input:
+        next_token_line = [f"| next-token input | the heads also read token t+1 (its input embedding, fused with the hidden state by one shared {2 * config.hidden_size} x {config.hidden_size} layer) |"]
+    total_params = head_params * config.num_heads + fuse_params
     return "\n".join(
         [
             title,
@@ -155,8 +160,9 @@ def _overview(config: MedusaConfig) -> str:
             f"| hidden size | {config.hidden_size} |",
             f"| vocabulary | {config.vocab_size} |",
             *draft_line,
+            *next_token_line,
             f"| output layer | {projection} |",
-            f"| parameters | {head_params * config.num_heads:,} ({head_params:,} per head) |",
+            f"| parameters | {total_params:,} ({head_params:,} per head" + (f", {fuse_params:,} shared" if fuse_params else "") + ") |",
         ]
     )
 

@@ -157,3 +157,10 @@ def test_training_learns_what_plain_heads_cannot(tiny_target, pair_data, tmp_pat
     reading = trained_head1_top1(tiny_target, pair_data, tmp_path / "reading", next_token_input=True)
     assert plain < 0.35, f"plain heads cannot know the next word, yet head-1 top-1 is {plain:.2f}"
     assert reading > 0.45 and reading > plain + 0.15, f"next-token heads: head-1 top-1 {reading:.2f} vs plain {plain:.2f}"
+
+
+def test_model_card_states_the_next_token_input_and_counts_every_parameter():
+    heads = random_heads(tiny_base_model("llama"), next_token_input=True)
+    card = str(heads.generate_model_card())
+    assert "next-token input" in card
+    assert f"| parameters | {sum(p.numel() for p in heads.parameters()):,} (" in card
