@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from test_cli import import_infer_script, save_tiny_checkpoint
+import training_fixtures
 from tiny_models import TINY_SIZES, plain_greedy, random_heads, tiny_base_model
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -41,13 +42,9 @@ NUM_PROMPTS = 4
 MAX_NEW_TOKENS = 30
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: these checks are about values, and a busy CPU slows MKL's threaded GEMMs many times over."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# One torch thread (autouse): these checks are about values, and a busy CPU slows MKL's threaded
+# GEMMs many times over.
+single_thread = training_fixtures.single_thread
 
 
 @pytest.fixture
