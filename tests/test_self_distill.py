@@ -248,3 +248,44 @@ def test_resume_with_other_settings_is_refused(tmp_path, model_dir):
     with pytest.raises(SystemExit, match="other settings"):
         self_distill.main(["--model", str(model_dir), "--dtype", "float32", "--out", str(out),
                            "--num-samples", "2", "--max-new-tokens", "5"])
+
+
+# ---------------------------------------------------------------- task openers
+
+
+def test_openers_are_used_in_turn():
+    openers = ("A: ", "B: ", "C: ")
+    assert [self_distill.opener_for(i, openers) for i in range(5)] == ["A: ", "B: ", "C: ", "A: ", "B: "]
+    assert self_distill.opener_for(7, ()) == ""
+
+
+def test_questions_start_with_their_opener_and_the_model_writes_the_rest(tokenizer, chatty_model):
+    openers = ("Summarize the following text:\n\n", "Solve this: ")
+    settings = SMALL_SETTINGS.__class__(**{**SMALL_SETTINGS.__dict__, "task_openers": openers})
+    questions = self_distill.sample_questions(chatty_model, tokenizer, [0, 1, 2], settings, set())
+    assert set(questions) == {0, 1, 2}
+    for index, question in questions.items():
+        opener = openers[index % len(openers)].strip()
+        assert question.startswith(opener) and len(question) > len(opener), question
+
+
+def test_opener_file_and_resume_check(tmp_path, model_dir):
+    openers_file = tmp_path / "openers.txt"
+    openers_file.write_text("Summarize this:\\n\\n\n\nTranslate: \n")
+    assert self_distill.read_task_openers(str(openers_file)) == ("Summarize this:\n\n", "Translate: ")
+    assert self_distill.read_task_openers("default") == self_distill.TASK_OPENERS
+    with pytest.raises(SystemExit, match="neither"):
+        self_distill.read_task_openers(str(tmp_path / "missing.txt"))
+    out = tmp_path / "tasks.jsonl"
+
+    def argv(num_samples: int, openers: str) -> list[str]:
+        return ["--model", str(model_dir), "--dtype", "float32", "--out", str(out), "--num-samples", str(num_samples),
+                "--batch-size", "2", "--max-new-tokens", "4", "--task-openers", openers]
+
+    self_distill.main(argv(2, str(openers_file)))
+    questions = [record["conversations"][0]["value"] for record in read_lines(out)]
+    assert questions[0].startswith("Summarize this:") and questions[1].startswith("Translate:")
+    self_distill.main(argv(3, str(openers_file)))  # the same openers: resumes
+    assert len(read_lines(out)) == 3 and read_lines(out)[2]["conversations"][0]["value"].startswith("Summarize this:")
+    with pytest.raises(SystemExit, match="other settings"):
+        self_distill.main(argv(4, "default"))

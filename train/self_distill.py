@@ -5,6 +5,13 @@
    derived from the tokenizer's chat template) and writes a user question, sampled at T=1.0,
    top-p 0.95, until its end-of-turn token. Empty, truncated, repetitive or duplicate questions
    are re-sampled (a few attempts per record).
+   With ``--task-openers``, record i's user turn starts with opener ``i mod len(openers)`` (e.g.
+   "Summarize the following text:") and the model writes the rest of the message itself (the
+   text to summarize, translate, answer from...): the questions then cover task types a
+   free-running model rarely asks for (the heads trained on plain Magpie questions guess much
+   worse on task-style prompts). ``--task-openers default`` uses :data:`TASK_OPENERS`, a generic
+   instruction-type list (Dolly/Alpaca-style categories, written here, not taken from any
+   benchmark); a file gives one opener per line.
 2. Answers: the target's own response to each question (greedy by default), up to
    ``--max-new-tokens``, generated in batches with left padding.
 
@@ -26,6 +33,9 @@ Usage::
 
     python train/self_distill.py --num-samples 3000 --batch-size 16 --max-new-tokens 192 \\
         --out data/self_distill/smollm2_selfdistill.jsonl
+    # task-style user turns (the model writes the passage after the opener): longer prompts
+    python train/self_distill.py --task-openers default --max-prompt-tokens 320 --num-samples 2000 \\
+        --out data/self_distill/smollm2_tasks.jsonl
 """
 
 from __future__ import annotations
@@ -69,6 +79,21 @@ DEFAULT_OUT = Path("data/self_distill/selfdistill.jsonl")
 SETTINGS_SUFFIX = ".settings.json"
 EPSILON_SECONDS = 1e-9  # avoids dividing by zero when there was nothing left to do
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+# Generic instruction types for --task-openers default; the model writes the rest of the message.
+TASK_OPENERS = (
+    "Summarize the following text in a few sentences:\n\n",
+    "Translate the following text into English:\n\n",
+    "Read the passage below and answer the question at the end.\n\nPassage: ",
+    "Extract the names, dates and numbers mentioned in this text:\n\n",
+    "Solve this math word problem step by step: ",
+    "Write a short story about ",
+    "Explain in simple terms how ",
+    "Rewrite the following paragraph to make it clearer:\n\n",
+    "Write a Python function that ",
+    "Give three arguments for and against ",
+    "You are a tour guide. Describe ",
+    "Answer briefly: ",
+)
 
 
 @dataclass(frozen=True)
@@ -81,6 +106,12 @@ class DistillSettings:
     seed: int = DEFAULT_SEED
     response_temperature: float = GREEDY_TEMPERATURE
     response_top_p: float = DEFAULT_RESPONSE_TOP_P
+    task_openers: tuple[str, ...] = ()  # empty: plain Magpie questions
+
+
+def opener_for(index: int, openers: tuple[str, ...]) -> str:
+    """The text record ``index``'s user turn starts with ("" without openers): openers in turn."""
+    return openers[index % len(openers)] if openers else ""
 
 
 @dataclass
@@ -258,7 +289,9 @@ def sample_questions(
     """
     stop_ids = end_of_turn_ids(tokenizer)
     special_ids = set(tokenizer.all_special_ids)
-    prefix_ids = tokenizer(user_turn_prefix(tokenizer), add_special_tokens=False).input_ids
+    prefix = user_turn_prefix(tokenizer)
+    openers = {index: opener_for(index, settings.task_openers) for index in indices}
+    prefix_ids = {index: tokenizer(prefix + openers[index], add_special_tokens=False).input_ids for index in indices}
     questions: dict[int, str] = {}
     pending = list(indices)
     for attempt in range(MAX_QUESTION_ATTEMPTS):
@@ -267,12 +300,12 @@ def sample_questions(
         seeds = [record_seed(settings.seed, index, attempt, QUESTION_STREAM) for index in pending]
         sampler = PerRowSampler(seeded_generators(seeds, model.device), QUESTION_TEMPERATURE, QUESTION_TOP_P)
         outputs = generate_batch(
-            model, [prefix_ids] * len(pending), settings.max_prompt_tokens, stop_ids,
+            model, [prefix_ids[index] for index in pending], settings.max_prompt_tokens, stop_ids,
             pad_token_id(tokenizer, stop_ids), sampler,
         )
         still_pending = []
         for index, output in zip(pending, outputs):
-            text = tokenizer.decode(output.tokens).strip()
+            text = (openers[index] + tokenizer.decode(output.tokens)).strip()
             key = normalize_question(text)
             usable = output.finished and not special_ids.intersection(output.tokens)
             if usable and is_acceptable_question(text) and key not in seen:
@@ -438,8 +471,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=dtype_name(torch.bfloat16))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--task-openers", default=None,
+                        help="'default' (the built-in TASK_OPENERS) or a text file, one opener per line "
+                             "(write \\n for a line break); user turns start with them in turn")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     return parser.parse_args(argv)
+
+
+def read_task_openers(source: str | None) -> tuple[str, ...]:
+    """The openers ``--task-openers`` names: none, the built-in list, or a file's non-empty lines."""
+    if source is None:
+        return ()
+    if source == "default":
+        return TASK_OPENERS
+    path = Path(source)
+    if not path.is_file():
+        raise SystemExit(f"--task-openers: {source} is neither 'default' nor a file")
+    openers = tuple(line.replace("\\n", "\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    if not openers:
+        raise SystemExit(f"--task-openers: {source} holds no opener (one per line)")
+    return openers
 
 
 def settings_from_args(args: argparse.Namespace) -> DistillSettings:
@@ -450,6 +501,7 @@ def settings_from_args(args: argparse.Namespace) -> DistillSettings:
         seed=args.seed,
         response_temperature=args.response_temperature,
         response_top_p=args.response_top_p,
+        task_openers=read_task_openers(args.task_openers),
     )
 
 
@@ -460,6 +512,10 @@ def main(argv: list[str] | None = None) -> dict:
     settings = settings_from_args(args)
     model, tokenizer = load_base_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
     run_settings = {"model": args.model or "default", "dtype": args.dtype, **asdict(settings)}
+    if settings.task_openers:
+        run_settings["task_openers"] = list(settings.task_openers)  # as JSON reads it back
+    else:  # absent = none: files started before openers existed still resume
+        del run_settings["task_openers"]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     check_settings_file(args.out, run_settings)
     stats = run_distillation(model, tokenizer, args.out, args.num_samples, settings)
