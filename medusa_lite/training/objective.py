@@ -66,7 +66,7 @@ def guess_targets(heads: MedusaHeads, targets: torch.Tensor) -> torch.Tensor:
     return to_draft_targets(targets, heads.draft_token_ids, heads.config.vocab_size)
 
 
-def run_heads(heads: MedusaHeads, hidden: torch.Tensor, next_tokens: torch.Tensor, input_embeddings: nn.Module) -> torch.Tensor:
+def run_heads(heads: MedusaHeads, hidden: torch.Tensor, next_tokens: torch.Tensor | None, input_embeddings: nn.Module | None) -> torch.Tensor:
     """Per-head hidden states [P, K, H] in the heads' dtype; ``next_tokens`` [P] are embedded only for heads that read them."""
     parameter = next(heads.parameters())
     embeds = input_embeddings(next_tokens).to(parameter.dtype) if heads.config.next_token_input else None
