@@ -6,6 +6,8 @@ custom 4D mask (``eager`` or ``sdpa``), which tree verification needs.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import warnings
 from dataclasses import dataclass
 
@@ -32,6 +34,17 @@ class TargetOutput:
 def text_config(base_model: PreTrainedModel):
     config = base_model.config
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+
+
+@functools.cache
+def cache_keyword(model_class: type) -> str:
+    """The keyword a model's ``forward`` takes its KV cache by.
+
+    transformers renamed ``past_key_values`` to ``cache`` (5.24 takes both, warning on the old
+    name; 5.17 knows only the old one and silently ignores ``cache``, building a cache of its own).
+    """
+    parameters = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in parameters else "past_key_values"
 
 
 def base_model_name(base_model: PreTrainedModel) -> str | None:
@@ -142,7 +155,12 @@ class MedusaModel(nn.Module):
         return self.base_model.get_output_embeddings().weight.device
 
     def target_forward(self, input_ids: torch.Tensor, **kwargs) -> TargetOutput:
-        """One forward of the target; ``kwargs`` go to the model (positions, mask, cache...)."""
+        """One forward of the target; ``kwargs`` go to the model (positions, mask, ``cache``...).
+
+        ``cache`` is passed under the name this transformers version reads (:func:`cache_keyword`).
+        """
+        if "cache" in kwargs:
+            kwargs[cache_keyword(type(self.base_model))] = kwargs.pop("cache")
         out = self.base_model(input_ids=input_ids, output_hidden_states=True, **kwargs)
         return TargetOutput(logits=out.logits, hidden=out.hidden_states[-1])
 
