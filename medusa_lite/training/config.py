@@ -53,7 +53,9 @@ class WandbSettings:
 class TrainConfig:
     # -- what to train on
     model: str = DEFAULT_MODEL_KEYWORD  # a local folder, a Hub id, or "default" (SmolLM2-135M-Instruct)
-    data: str = ""  # .jsonl/.json (ShareGPT "conversations" or "messages", or "text") or .txt
+    # one or more files (a YAML list, or comma-separated on the command line), pooled:
+    # .jsonl/.json (ShareGPT "conversations" or "messages", or "text") or .txt
+    data: list[str] = field(default_factory=list)
     data_format: str = "auto"  # auto | chat | text
     output_dir: str = "runs/heads"
     dtype: str = "auto"  # the target's dtype; auto: as stored (bf16 for "default"), computed in float32 on CPU
@@ -253,7 +255,7 @@ def validate(config: TrainConfig) -> None:
         if not condition:
             raise TrainingConfigError(message)
 
-    require(bool(config.data), "config: data is required (a .jsonl/.json conversation file or a .txt file)")
+    require(bool(config.data), "config: data is required (one or more .jsonl/.json conversation files or .txt files)")
     require(config.data_format in DATA_FORMATS, f"config: data_format must be one of {DATA_FORMATS}, got {config.data_format!r}")
     require(config.dtype in DTYPES, f"config: dtype must be one of {DTYPES}, got {config.dtype!r}")
     require(config.lr_scheduler in LR_SCHEDULERS, f"config: lr_scheduler must be one of {LR_SCHEDULERS}, got {config.lr_scheduler!r}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -278,15 +279,44 @@ def split_held_out(samples: list[Sample], eval_fraction: float, seed: int) -> tu
     return [samples[i] for i in order[:-num_eval]], [samples[i] for i in order[-num_eval:]]
 
 
-def load_training_data(path: str | Path, tokenizer, *, max_length: int, eval_fraction: float, seed: int, data_format: str = "auto") -> TokenizedData:
+def tokenize_file(path: str | Path, tokenizer, max_length: int, data_format: str) -> tuple[list[Sample], DataStats]:
+    """One data file's training sequences and its statistics."""
     kind, dataset = read_records(path, data_format)
     stats = DataStats(path=str(path), kind=kind, records=len(dataset))
-    if kind == "chat":
-        samples = tokenize_chat_records(dataset, tokenizer, max_length, stats)
-    else:
-        samples = tokenize_text_records(dataset, tokenizer, max_length, stats)
+    tokenize = tokenize_chat_records if kind == "chat" else tokenize_text_records
+    return tokenize(dataset, tokenizer, max_length, stats), stats
+
+
+def combined_stats(parts: Sequence[DataStats]) -> DataStats:
+    """The statistics of several files read as one data set (paths joined by " + ")."""
+    skipped: collections.Counter = collections.Counter()
+    for part in parts:
+        skipped.update(part.skipped)
+    return DataStats(
+        path=" + ".join(part.path for part in parts),
+        kind="/".join(sorted({part.kind for part in parts})),
+        records=sum(part.records for part in parts),
+        truncated=sum(part.truncated for part in parts),
+        skipped=dict(skipped),
+    )
+
+
+def load_training_data(
+    data: str | Path | Sequence[str | Path], tokenizer, *, max_length: int, eval_fraction: float, seed: int, data_format: str = "auto"
+) -> TokenizedData:
+    """Tokenise one data file or several (their sequences pooled), then hold some out."""
+    paths = [data] if isinstance(data, (str, Path)) else list(data)
+    if not paths:
+        raise TrainingDataError("no data file given")
+    samples: list[Sample] = []
+    parts = []
+    for path in paths:
+        file_samples, file_stats = tokenize_file(path, tokenizer, max_length, data_format)
+        samples += file_samples
+        parts.append(file_stats)
+    stats = combined_stats(parts)
     if not samples:
-        raise EmptyDatasetError(f"data file {path}: no usable sequence among {stats.records} records ({stats.describe()})")
+        raise EmptyDatasetError(f"data file {stats.path}: no usable sequence among {stats.records} records ({stats.describe()})")
     train, held_out = split_held_out(samples, eval_fraction, seed)
     stats.samples = len(samples)
     stats.train_samples, stats.eval_samples = len(train), len(held_out)
