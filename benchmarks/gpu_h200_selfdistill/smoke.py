@@ -22,11 +22,11 @@ sys.path[:0] = [str(REPO_ROOT / "tests"), str(REPO_ROOT / "train")]
 
 import self_distill  # noqa: E402
 import train_heads  # noqa: E402
-DEVICE = os.environ.get("SMOKE_DEVICE", "cuda")  # SMOKE_DEVICE=cpu tries it without a GPU
-
 from training_fixtures import save_tiny_target, tiny_argv, write_pattern_data  # noqa: E402
 
 import medusa_lite  # noqa: E402
+
+DEVICE = os.environ.get("SMOKE_DEVICE", "cuda")  # SMOKE_DEVICE=cpu tries it without a GPU
 
 
 def main() -> None:
@@ -39,18 +39,19 @@ def main() -> None:
         "--num-samples", "8", "--batch-size", "4", "--max-prompt-tokens", "16", "--max-new-tokens", "8",
         "--task-openers", str(REPO_ROOT / "data/self_distill/task_openers_v2.txt"),
     ])
-    print("self_distill on cuda:", stats, f"{time.perf_counter() - started:.1f}s")
+    print(f"self_distill on {DEVICE}:", stats, f"{time.perf_counter() - started:.1f}s")
     data = write_pattern_data(work / "train.jsonl", 80)
     result = train_heads.main(tiny_argv(target, data, work / "run", dtype="float32", next_token_input=True, epochs=2, precompute_hidden=True))
-    print("train on cuda:", result)
+    print(f"train on {DEVICE}:", result)
     model, tokenizer = medusa_lite.load(str(target), heads=str(work / "run" / "heads"), dtype=torch.float32, device=DEVICE)
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Continue the pattern."}], add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"].to(DEVICE)
     ours = medusa_lite.generate(model, prompt, max_new_tokens=24)
     plain = model.base_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24, do_sample=False)
-    print("medusa on cuda:", ours.stats)
+    print(f"medusa on {DEVICE}:", ours.stats)
     identical = torch.equal(ours.sequences.cpu(), plain[:, : ours.sequences.shape[-1]].cpu())
-    print("greedy identical to plain generate on cuda:", identical)
+    print(f"greedy identical to plain generate on {DEVICE}:", identical)
     assert identical
+
 
 if __name__ == "__main__":
     main()
