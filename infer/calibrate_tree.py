@@ -226,7 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--measure-on", default=None, help="prompts (.jsonl or .txt) to measure head accuracies on, instead of the heads' training summary")
     parser.add_argument("--measure-tokens", type=int, default=DEFAULT_MEASURE_TOKENS, help="greedy tokens per prompt for --measure-on")
     parser.add_argument("--max-rank", type=int, default=DEFAULT_MAX_RANK, help="ranks per head measured by --measure-on")
-    parser.add_argument("--no-prepack", action="store_true", help="time steps without MKL-packed linear weights (as load(prepack=False) decodes)")
+    parser.add_argument("--no-prepack", action="store_true", help="time steps without pre-packed linear weights (as load(prepack=False) decodes)")
     parser.add_argument("--costs-only", action="store_true", help="only time steps (fresh heads stand in if none are given)")
     parser.add_argument("--out", default=None, help=f"where to write the JSON (default: {TREE_FILE_NAME} in the heads folder)")
     return parser

@@ -28,7 +28,7 @@ from transformers import TextStreamer
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.loading import DTYPES, load, tree_of
-from medusa_lite.prepack import prepacked_rows
+from medusa_lite.prepack import prepack_backend, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
 
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
@@ -97,6 +97,7 @@ def machine_info(dtype: torch.dtype, model: torch.nn.Module | None = None) -> di
     }
     if model is not None:
         info["prepacked_rows"] = prepacked_rows(model)  # None: linear weights not pre-packed
+        info["prepack_backend"] = prepack_backend(model)
     return info
 
 
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU (faster there, and exact), bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for MKL (default: pre-pack on CPU in fp32)")
+    parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
     parser.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     parser.add_argument("--compare", action="store_true", help="also run plain model.generate and print the speed-up")
     return parser

@@ -23,17 +23,17 @@ import torch
 from transformers import DynamicCache
 
 from medusa_lite.errors import GenerationInputError
-from medusa_lite.lookup import DraftTree, draft_tree, graft_chain, prompt_lookup
+from medusa_lite.lookup import LOOKUP_TOKENS_PER_MATCHED_TOKEN, DraftTree, draft_tree, graft_chain, prompt_lookup
 from medusa_lite.model import MedusaModel, check_tree_attention_supported, text_config
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import Tree, as_tree, check_topk_fits
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 
-# Prompt-lookup guesses grafted onto the tree per step (see medusa_lite.lookup); 0 = heads only.
-# Measured on 13 Spec-Bench questions (one per category, 64 tokens, fp32, shipped v0 heads): mean
-# accepted tokens 1.33 without lookup, 1.56 with 3, 1.59 with 5, 1.60 with 8. On a CPU each node
-# costs ~3% of a step, so the 4th and 5th guesses do not pay for themselves.
-DEFAULT_LOOKUP_TOKENS = 3
+# Most prompt-lookup guesses grafted onto the tree per step (see medusa_lite.lookup); 0 = heads only.
+# A match of n tokens gets at most 2n of them (LOOKUP_TOKENS_PER_MATCHED_TOKEN). History: a flat
+# 3-token chain while verifying 4+ rows cost ~1.5x a one-token step (MKL); with the row_gemm kernel
+# up to 8 rows cost ~1.2-1.3x, and 6 (for 3-token matches) won the replay in medusa_lite.lookup.
+DEFAULT_LOOKUP_TOKENS = 6
 
 
 @dataclass
@@ -231,8 +231,8 @@ def generate(
     Greedy (``temperature=0``) returns the tokens of ``model.base_model.generate(do_sample=False)``;
     with ``temperature > 0`` (and optional ``top_k`` / ``top_p``) tokens follow exactly the target's
     sampling distribution. ``tree`` is a :class:`Tree` or a list of top-k rank paths (default:
-    ``model.tree``). ``lookup_tokens``: length of the prompt-lookup chain grafted onto the tree
-    each step (guesses copied from the prompt and the text so far; 0 = heads only).
+    ``model.tree``). ``lookup_tokens``: the most prompt-lookup guesses grafted onto the tree each
+    step (copied from the prompt and the text so far, at most 2 per matched token; 0 = heads only).
     ``streamer`` receives the prompt, then each step's accepted tokens (e.g.
     ``transformers.TextStreamer``). Generation stops at any of ``eos_token_id`` (default: the
     model's), included in the output.
@@ -278,7 +278,7 @@ def generate(
         # Never guess past max_new_tokens: a step commits at most depth + 1 tokens.
         room = max_new_tokens - stats.new_tokens - 1
         prefix_len = cache.get_seq_length()
-        chain = prompt_lookup(history, min(lookup_tokens, room))
+        chain = prompt_lookup(history, min(lookup_tokens, room), tokens_per_matched_token=LOOKUP_TOKENS_PER_MATCHED_TOKEN)
         draft = propose(model, hidden, root, full_tree.pruned(room), chain)
         verified = verify_tree(model, cache, draft, draft.tokens)
         stats.target_calls += 1

@@ -162,7 +162,7 @@ def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None) ->
     if prepack is False or (prepack is None and not prepack_supported(base)):
         return
     check_prepack_supported(base)
-    prepack_linears(base, verification_rows(tree.num_nodes))  # fewer than MIN_PREPACKED_ROWS: packs nothing
+    prepack_linears(base, verification_rows(tree.num_nodes))  # too few rows for the backend: packs nothing
 
 
 def load(

@@ -1,24 +1,27 @@
-"""Cheaper tree verification on CPU: linear weights pre-packed for MKL's small-batch GEMM.
+"""Cheaper tree verification on CPU: linear weights pre-packed for a few-row GEMM.
 
 Verifying a tree multiplies every weight matrix of the target by a handful of rows (one per
-node). On CPU, PyTorch's float32 linear for 4-16 rows re-packs the weight matrix on every call, so
-that a step over 8 nodes costs about twice a one-token step, most of the extra in the GEMMs. MKL
-can pack a weight once for a fixed row count (``torch.ops.mkl._mkl_reorder_linear_weight``, the op
-TorchInductor's freezing pass uses) and multiply by the packed copy afterwards.
+node). Decoding is memory-bound, so that should cost what one row costs; PyTorch's float32 linear
+does not get there (measured below). Two packed paths, chosen by :func:`prepack_linears`:
+
+- ``"row_gemm"`` (used when available): :mod:`medusa_lite.kernels`' AVX-512 kernel, for
+  ``ROW_GEMM_MIN_ROWS`` to ``rows`` rows, on one packed copy of each weight (column blocks).
+- ``"mkl"`` (the fallback): MKL's packed GEMM (``torch.ops.mkl._mkl_reorder_linear_weight``, the
+  op TorchInductor's freezing pass uses), packed for exactly ``rows`` rows; inputs of
+  ``MIN_PREPACKED_ROWS`` to ``rows`` rows are zero-padded to ``rows``.
 
 :func:`prepack_linears` swaps every ``nn.Linear`` of a target for a :class:`PrepackedLinear`
-sharing its parameters: inputs of ``MIN_PREPACKED_ROWS`` to ``rows`` rows are zero-padded to
-``rows`` and multiplied by the packed weight; every other input (one-token decoding, prefills
-longer than ``rows``) takes the usual path, bit for bit. The model's parameters and
-``state_dict`` are unchanged (the packed copy is not a buffer, and is ignored once the weight
-changes: see :class:`PrepackedLinear`).
+sharing its parameters; every other input (one-token decoding, prefills longer than ``rows``)
+takes the usual path, bit for bit. The model's parameters and ``state_dict`` are unchanged (the
+packed copy is not a buffer, and is ignored once the weight changes: see :class:`PrepackedLinear`).
 :func:`medusa_lite.load` packs the target for its tree plus the default prompt-lookup chain
 unless ``prepack=False``.
 
-Measured (SmolLM2-135M, float32, 2-core Xeon, 2 threads, 200-token cached prefix; decoding step
-relative to a one-token step, same process, interleaved): 8 nodes 1.80 -> 1.55, 16 nodes 2.03 ->
-1.75; 4 nodes packed for exactly 4 rows 1.62 -> 1.37. The packed copies cost memory (about 1 GB
-for this model per row count) and only float32 on CPU is supported.
+Measured (SmolLM2-135M, float32, 2-core AVX-512 Xeon, 2 threads; all 211 linear layers of one
+forward, kernels only): 1 row 27-29 ms (PyTorch); 6 rows 51-57 ms PyTorch, 40-48 ms MKL packed,
+29 ms row_gemm; 8 rows 61-64 / 45 / 30 ms; 16 rows 46 ms row_gemm. The packed copies cost memory
+(one copy of the weights for row_gemm, one per row count for MKL) and only float32 on CPU is
+supported.
 """
 
 from __future__ import annotations
@@ -28,10 +31,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from medusa_lite.errors import UnsupportedModelError
+from medusa_lite.kernels import pack_for_row_gemm, row_gemm, row_gemm_available, row_gemm_unavailable_reason
 
-# Below this many rows MKL's own float32 path is as fast as a packed weight (measured above:
-# 2 and 3 nodes cost 1.14x and 1.18-1.28x a one-token step either way).
+ROW_GEMM, MKL = "row_gemm", "mkl"
+BACKENDS = (ROW_GEMM, MKL)
+# Below this many rows the backend is no faster than PyTorch's own float32 path (measured above;
+# MKL packed: 2 and 3 nodes cost 1.14x and 1.18-1.28x a one-token step either way).
+ROW_GEMM_MIN_ROWS = 2
 MIN_PREPACKED_ROWS = 4
+BACKEND_MIN_ROWS = {ROW_GEMM: ROW_GEMM_MIN_ROWS, MKL: MIN_PREPACKED_ROWS}
 
 
 def mkl_packing_available() -> bool:
@@ -39,8 +47,15 @@ def mkl_packing_available() -> bool:
     return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
 
 
+def default_backend() -> str | None:
+    """The packed path this machine runs: ``"row_gemm"`` when it builds, else ``"mkl"``, else None."""
+    if row_gemm_available():
+        return ROW_GEMM
+    return MKL if mkl_packing_available() else None
+
+
 def prepack_unsupported_reason(model: nn.Module) -> str | None:
-    """Why :func:`prepack_linears` does not apply to ``model`` (None when it does: float32 on CPU, MKL)."""
+    """Why :func:`prepack_linears` does not apply to ``model`` (None when it does: float32 on CPU, a backend)."""
     parameter = next(model.parameters(), None)
     if parameter is None:
         return "the model has no parameters"
@@ -48,13 +63,13 @@ def prepack_unsupported_reason(model: nn.Module) -> str | None:
         return f"the model is on {parameter.device}, not on the CPU"
     if parameter.dtype != torch.float32:
         return f"the model's weights are {str(parameter.dtype).removeprefix('torch.')}, not float32"
-    if not mkl_packing_available():
-        return "this PyTorch build has no MKL packed linear ops"
+    if default_backend() is None:
+        return f"the row_gemm kernel is unavailable ({row_gemm_unavailable_reason()}) and this PyTorch build has no MKL packed linear ops"
     return None
 
 
 def prepack_supported(model: nn.Module) -> bool:
-    """Whether :func:`prepack_linears` applies to ``model``: float32 weights on CPU with MKL."""
+    """Whether :func:`prepack_linears` applies to ``model``: float32 weights on CPU and a packed path."""
     return prepack_unsupported_reason(model) is None
 
 
@@ -62,7 +77,10 @@ def check_prepack_supported(model: nn.Module) -> None:
     """Raise :class:`UnsupportedModelError`, saying why, unless :func:`prepack_supported`."""
     reason = prepack_unsupported_reason(model)
     if reason is not None:
-        raise UnsupportedModelError(f"cannot pre-pack linear weights: {reason} (pre-packing needs float32 weights on CPU and a PyTorch built with MKL)")
+        raise UnsupportedModelError(
+            f"cannot pre-pack linear weights: {reason} (pre-packing needs float32 weights on CPU and either an AVX-512 CPU "
+            "with a C compiler or a PyTorch built with MKL)"
+        )
 
 
 def rows_of(inputs: torch.Tensor) -> int:
@@ -75,37 +93,55 @@ def weight_signature(weight: torch.Tensor) -> tuple:
     return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
 
 
-class PrepackedLinear(nn.Linear):
-    """An ``nn.Linear`` (the same parameters) that multiplies MKL-packable inputs by a packed copy.
+def packed_copy(weight: torch.Tensor, rows: int, backend: str) -> torch.Tensor:
+    if backend == ROW_GEMM:
+        return pack_for_row_gemm(weight)
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
 
-    The packed copy is a plain attribute, not a buffer: ``.to()``/``.half()`` never convert it,
-    and it is used only while the weight is the very tensor, version, dtype and device it was
-    packed from. After any change to the weight (loading, in-place updates, a dtype or device
-    move) every input takes the usual path: still correct, no longer faster (pack again).
+
+class PrepackedLinear(nn.Linear):
+    """An ``nn.Linear`` (the same parameters) that multiplies few-row inputs by a packed copy.
+
+    ``backend``: ``"row_gemm"`` or ``"mkl"`` (see the module docstring). The packed copy is a
+    plain attribute, not a buffer: ``.to()``/``.half()`` never convert it, and it is used only
+    while the weight is the very tensor, version, dtype and device it was packed from. After any
+    change to the weight (loading, in-place updates, a dtype or device move) every input takes the
+    usual path: still correct, no longer faster (pack again).
     """
 
-    def __init__(self, linear: nn.Linear, rows: int):
+    def __init__(self, linear: nn.Linear, rows: int, backend: str = MKL):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown prepack backend {backend!r}: one of {BACKENDS}")
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
-        self.rows = rows
-        self.packed_weight = torch.ops.mkl._mkl_reorder_linear_weight(linear.weight.detach(), rows)
+        self.rows, self.backend = rows, backend
+        self.packed_weight = packed_copy(linear.weight, rows, backend)
         self.packed_from = weight_signature(linear.weight)
 
     def packed_path_applies(self, rows: int) -> bool:
-        return MIN_PREPACKED_ROWS <= rows <= self.rows and not torch.is_grad_enabled() and weight_signature(self.weight) == self.packed_from
+        return (
+            BACKEND_MIN_ROWS[self.backend] <= rows <= self.rows
+            and not torch.is_grad_enabled()
+            and weight_signature(self.weight) == self.packed_from
+        )
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         rows = rows_of(inputs)
         if not self.packed_path_applies(rows) or inputs.dtype != self.weight.dtype:
             return F.linear(inputs, self.weight, self.bias)
         flat = inputs.reshape(rows, self.in_features)
-        padded = F.pad(flat, (0, 0, 0, self.rows - rows))
-        output = torch.ops.mkl._mkl_linear(padded, self.packed_weight, self.weight, self.bias, self.rows)
-        return output[:rows].reshape(*inputs.shape[:-1], self.out_features)
+        if self.backend == ROW_GEMM:
+            output = row_gemm(flat, self.packed_weight, self.out_features)
+            if self.bias is not None:
+                output += self.bias
+        else:
+            padded = F.pad(flat, (0, 0, 0, self.rows - rows))
+            output = torch.ops.mkl._mkl_linear(padded, self.packed_weight, self.weight, self.bias, self.rows)[:rows]
+        return output.reshape(*inputs.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, packed_rows={self.rows}"
+        return f"{super().extra_repr()}, packed_rows={self.rows}, backend={self.backend}"
 
 
 def unpacked(linear: nn.Linear) -> nn.Linear:
@@ -127,19 +163,29 @@ def linear_children(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     ]
 
 
-def prepack_linears(model: nn.Module, rows: int) -> int:
-    """Pack every linear layer of ``model`` for ``rows``-row inputs, in place; returns how many.
+def prepack_linears(model: nn.Module, rows: int, backend: str | None = None) -> int:
+    """Pack every linear layer of ``model`` for inputs of up to ``rows`` rows, in place; returns how many.
 
-    Packing again replaces earlier packed copies; ``rows < MIN_PREPACKED_ROWS`` unpacks. Raises
-    :class:`~medusa_lite.errors.UnsupportedModelError` (a ``ValueError``) unless :func:`prepack_supported`.
+    ``backend``: ``"row_gemm"`` or ``"mkl"``; None: :func:`default_backend`. Packing again
+    replaces earlier packed copies; ``rows`` below the backend's minimum (``ROW_GEMM_MIN_ROWS``,
+    ``MIN_PREPACKED_ROWS``) unpacks. Raises :class:`~medusa_lite.errors.UnsupportedModelError`
+    (a ``ValueError``) unless :func:`prepack_supported`, or when the chosen backend is unavailable.
     """
-    if rows >= MIN_PREPACKED_ROWS:
+    backend = backend or default_backend() or MKL
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown prepack backend {backend!r}: one of {BACKENDS}")
+    packs = rows >= BACKEND_MIN_ROWS[backend]
+    if packs:
         check_prepack_supported(model)
+        if backend == ROW_GEMM and not row_gemm_available():
+            raise UnsupportedModelError(f"cannot pre-pack for the row_gemm kernel: {row_gemm_unavailable_reason()}")
+        if backend == MKL and not mkl_packing_available():
+            raise UnsupportedModelError("cannot pre-pack for MKL: this PyTorch build has no MKL packed linear ops")
     layers = linear_children(model)
     for parent, name, layer in layers:
         plain = unpacked(layer)
-        setattr(parent, name, PrepackedLinear(plain, rows) if rows >= MIN_PREPACKED_ROWS else plain)
-    return len(layers) if rows >= MIN_PREPACKED_ROWS else 0
+        setattr(parent, name, PrepackedLinear(plain, rows, backend) if packs else plain)
+    return len(layers) if packs else 0
 
 
 def unpack_linears(model: nn.Module) -> None:
@@ -150,3 +196,8 @@ def unpack_linears(model: nn.Module) -> None:
 def prepacked_rows(model: nn.Module) -> int | None:
     """The row count ``model``'s linear layers are packed for (None when none is packed)."""
     return next((module.rows for module in model.modules() if isinstance(module, PrepackedLinear)), None)
+
+
+def prepack_backend(model: nn.Module) -> str | None:
+    """The packed path ``model``'s linear layers use (None when none is packed)."""
+    return next((module.backend for module in model.modules() if isinstance(module, PrepackedLinear)), None)

@@ -32,6 +32,16 @@ def test_lookup_prefers_longer_ngrams_and_returns_nothing_without_a_match():
     assert prompt_lookup(history, 0).numel() == 0
 
 
+def test_a_short_match_is_trusted_for_fewer_tokens():
+    history = ids(1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 6, 4, 2, 3)
+    assert prompt_lookup(history, 8, tokens_per_matched_token=2).tolist() == [7, 8, 5, 6]  # "2 3": 2 x 2 tokens
+    assert prompt_lookup(history, 3, tokens_per_matched_token=2).tolist() == [7, 8, 5]  # max_tokens still caps
+    lone = ids(5, 6, 7, 8, 9, 5)
+    assert prompt_lookup(lone, 8, tokens_per_matched_token=2).tolist() == [6, 7]  # one matched token: 2
+    triple = ids(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3)
+    assert prompt_lookup(triple, 8, tokens_per_matched_token=2).tolist() == [4, 5, 6, 7, 8, 9]
+
+
 def test_graft_reuses_matching_nodes_and_adds_the_rest():
     tree = Tree.from_paths([(0,), (1,), (0, 0)])  # nodes: root, a=(0,), b=(1,), c=(0,0)
     draft = draft_tree(tree, ids(10, 11, 12, 13))

@@ -1,4 +1,5 @@
-"""``medusa_lite.prepack``: MKL-packed linear weights for tree verification on CPU, and ``load(prepack=...)``."""
+"""``medusa_lite.prepack``: packed linear weights for tree verification on CPU (the row_gemm kernel
+and MKL), and ``load(prepack=...)``. Every packed-path test runs once per backend this machine has."""
 
 from __future__ import annotations
 
@@ -15,26 +16,32 @@ from tiny_models import TINY_SIZES, plain_greedy, random_heads, tiny_base_model
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+import medusa_lite.prepack
 from medusa_lite import MedusaError, MedusaModel, Tree, UnsupportedModelError, generate
 from medusa_lite.cli import build_parser, machine_info, main, prepack_choice
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.loading import load
+from medusa_lite.kernels import row_gemm_unavailable_reason
 from medusa_lite.prepack import (
+    BACKEND_MIN_ROWS,
     MIN_PREPACKED_ROWS,
+    MKL,
+    ROW_GEMM,
     PrepackedLinear,
+    default_backend,
     mkl_packing_available,
+    prepack_backend,
     prepack_linears,
     prepack_supported,
     prepacked_rows,
     unpack_linears,
 )
 
-pytestmark = pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed linear ops")
+pytestmark = pytest.mark.skipif(default_backend() is None, reason="neither the row_gemm kernel nor MKL's packed ops are available")
 
 IN_FEATURES, OUT_FEATURES = 24, 40
 PACKED_ROWS = 8
 ROW_COUNTS = range(1, PACKED_ROWS + 3)  # below, inside and above the packed range
-PACKED_RANGE = range(MIN_PREPACKED_ROWS, PACKED_ROWS + 1)
 FLOAT32_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 WIDE_TREE = Tree.from_paths([(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)])
 VOCAB_SIZE = 96
@@ -47,18 +54,42 @@ MAX_NEW_TOKENS = 30
 single_thread = training_fixtures.single_thread
 
 
+@pytest.fixture(params=[ROW_GEMM, MKL])
+def backend(request) -> str:
+    """Each packed path in turn, skipped where this machine lacks it."""
+    if request.param == ROW_GEMM and row_gemm_unavailable_reason() is not None:
+        pytest.skip(f"row_gemm kernel unavailable: {row_gemm_unavailable_reason()}")
+    if request.param == MKL and not mkl_packing_available():
+        pytest.skip("this PyTorch build has no MKL packed linear ops")
+    return request.param
+
+
 @pytest.fixture
-def mkl_linear_calls(monkeypatch) -> list[int]:
-    """The row count (``batch_size``) of every ``torch.ops.mkl._mkl_linear`` call made during the test."""
+def packed_calls(monkeypatch, backend) -> list[int]:
+    """The row count of every packed multiplication made during the test (MKL: the padded count)."""
     calls: list[int] = []
-    original = torch.ops.mkl._mkl_linear
+    if backend == MKL:
+        original = torch.ops.mkl._mkl_linear
 
-    def counted(inputs, packed_weight, weight, bias, batch_size):
-        calls.append(batch_size)
-        return original(inputs, packed_weight, weight, bias, batch_size)
+        def counted(inputs, packed_weight, weight, bias, batch_size):
+            calls.append(batch_size)
+            return original(inputs, packed_weight, weight, bias, batch_size)
 
-    monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", counted)
+        monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", counted)
+    else:
+        original = medusa_lite.prepack.row_gemm
+
+        def counted(inputs, packed, out_features):
+            calls.append(inputs.shape[0])
+            return original(inputs, packed, out_features)
+
+        monkeypatch.setattr(medusa_lite.prepack, "row_gemm", counted)
     return calls
+
+
+def multiplied_rows(backend: str, rows: int, packed_rows: int = PACKED_ROWS) -> int:
+    """How many rows the packed path multiplies for ``rows`` input rows (MKL pads to the packed count)."""
+    return packed_rows if backend == MKL else rows
 
 
 def linear_layer(bias: bool) -> nn.Linear:
@@ -95,9 +126,10 @@ def spy_on(monkeypatch, module_name: str, function: Callable) -> list[dict]:
 
 # -- PrepackedLinear ---------------------------------------------------------------------------
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
-def test_prepacked_linear_matches_f_linear_for_every_row_count(bias, mkl_linear_calls):
+def test_prepacked_linear_matches_f_linear_for_every_row_count(bias, backend, packed_calls):
     linear = linear_layer(bias)
-    packed = PrepackedLinear(linear, PACKED_ROWS)
+    packed = PrepackedLinear(linear, PACKED_ROWS, backend)
+    packed_range = range(BACKEND_MIN_ROWS[backend], PACKED_ROWS + 1)
     assert packed.weight is linear.weight and packed.bias is linear.bias
     assert set(packed.state_dict()) == set(linear.state_dict())  # the packed copy is not saved
     generator = torch.Generator().manual_seed(1)
@@ -106,33 +138,33 @@ def test_prepacked_linear_matches_f_linear_for_every_row_count(bias, mkl_linear_
             flat = torch.randn(rows, IN_FEATURES, generator=generator)
             for inputs in (flat[None], flat):
                 expected = F.linear(inputs, linear.weight, linear.bias)
-                calls_before = len(mkl_linear_calls)
+                calls_before = len(packed_calls)
                 output = packed(inputs)
                 assert output.shape == expected.shape
-                if rows in PACKED_RANGE:
-                    assert mkl_linear_calls[calls_before:] == [PACKED_ROWS], f"{rows} rows: packed path not taken"
+                if rows in packed_range:
+                    assert packed_calls[calls_before:] == [multiplied_rows(backend, rows)], f"{rows} rows: packed path not taken"
                     torch.testing.assert_close(output, expected, **FLOAT32_TOLERANCE)
                 else:
-                    assert len(mkl_linear_calls) == calls_before, f"{rows} rows: packed path taken"
+                    assert len(packed_calls) == calls_before, f"{rows} rows: packed path taken"
                     assert torch.equal(output, expected), f"{rows} rows: plain path not bit-identical"
 
 
-def test_prepacked_linear_handles_non_contiguous_inputs():
+def test_prepacked_linear_handles_non_contiguous_inputs(backend):
     linear = linear_layer(bias=True)
-    packed = PrepackedLinear(linear, PACKED_ROWS)
+    packed = PrepackedLinear(linear, PACKED_ROWS, backend)
     inputs = torch.randn(IN_FEATURES, PACKED_ROWS).t()  # exactly the packed row count: no padding copy
     assert not inputs.is_contiguous()
     with torch.inference_mode():
         torch.testing.assert_close(packed(inputs), F.linear(inputs, linear.weight, linear.bias), **FLOAT32_TOLERANCE)
 
 
-def test_gradients_take_the_plain_path(mkl_linear_calls):
+def test_gradients_take_the_plain_path(backend, packed_calls):
     linear = linear_layer(bias=True)
-    packed = PrepackedLinear(linear, PACKED_ROWS)
+    packed = PrepackedLinear(linear, PACKED_ROWS, backend)
     inputs = torch.randn(1, PACKED_ROWS - 1, IN_FEATURES, requires_grad=True)
     with torch.enable_grad():
         packed(inputs).square().sum().backward()
-    assert mkl_linear_calls == []
+    assert packed_calls == []
     packed_grads = [inputs.grad.clone(), linear.weight.grad.clone(), linear.bias.grad.clone()]
     inputs.grad = linear.weight.grad = linear.bias.grad = None
     F.linear(inputs, linear.weight, linear.bias).square().sum().backward()
@@ -140,25 +172,25 @@ def test_gradients_take_the_plain_path(mkl_linear_calls):
         assert torch.equal(packed_grad, plain_grad)
     with torch.no_grad():
         packed(inputs)
-    assert mkl_linear_calls == [PACKED_ROWS]  # without grad the same input takes the packed path
+    assert packed_calls == [multiplied_rows(backend, PACKED_ROWS - 1)]  # without grad the same input takes the packed path
 
 
 # -- prepack_linears / unpack_linears ----------------------------------------------------------
-def test_prepack_linears_swaps_layers_and_keeps_parameters():
+def test_prepack_linears_swaps_layers_and_keeps_parameters(backend):
     base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
     num_linears = len(layers_of_type(base, nn.Linear))
     state = {name: tensor.clone() for name, tensor in base.state_dict().items()}
     pointers = weight_pointers(base)
     assert prepacked_rows(base) is None
 
-    assert prepack_linears(base, PACKED_ROWS) == num_linears
+    assert prepack_linears(base, PACKED_ROWS, backend) == num_linears
     assert len(layers_of_type(base, PrepackedLinear)) == num_linears and not layers_of_type(base, nn.Linear)
-    assert prepacked_rows(base) == PACKED_ROWS
+    assert prepacked_rows(base) == PACKED_ROWS and prepack_backend(base) == backend
     assert weight_pointers(base) == pointers
     assert all(torch.equal(tensor, state[name]) for name, tensor in base.state_dict().items())
 
     repacked_rows = PACKED_ROWS + 4
-    assert prepack_linears(base, repacked_rows) == num_linears
+    assert prepack_linears(base, repacked_rows, backend) == num_linears
     layers = layers_of_type(base, PrepackedLinear)
     assert len(layers) == num_linears and all(layer.rows == repacked_rows and not list(layer.children()) for layer in layers)
     assert weight_pointers(base) == pointers
@@ -168,20 +200,20 @@ def test_prepack_linears_swaps_layers_and_keeps_parameters():
     assert prepacked_rows(base) is None and weight_pointers(base) == pointers
 
 
-def test_rows_below_the_minimum_unpack():
+def test_rows_below_the_minimum_unpack(backend):
     base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
-    prepack_linears(base, PACKED_ROWS)
-    assert prepack_linears(base, MIN_PREPACKED_ROWS - 1) == 0
+    prepack_linears(base, PACKED_ROWS, backend)
+    assert prepack_linears(base, BACKEND_MIN_ROWS[backend] - 1, backend) == 0
     assert prepacked_rows(base) is None and not layers_of_type(base, PrepackedLinear)
 
 
-def test_tied_weights_stay_tied_and_outputs_agree():
+def test_tied_weights_stay_tied_and_outputs_agree(backend):
     model = tiny_tied_model()
     assert model.lm_head.weight is model.model.embed_tokens.weight
     tokens = torch.randint(0, VOCAB_SIZE, (1, PACKED_ROWS - 2), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         one_token, several = model(tokens[:, :1]).logits, model(tokens).logits
-    prepack_linears(model, PACKED_ROWS)
+    prepack_linears(model, PACKED_ROWS, backend)
     assert isinstance(model.lm_head, PrepackedLinear) and model.lm_head.weight is model.model.embed_tokens.weight
     assert list(model.state_dict()) == list(tiny_tied_model().state_dict())
     with torch.inference_mode():
@@ -203,7 +235,7 @@ def test_bfloat16_model_is_refused_with_a_clear_error():
 
 # -- exactness ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_greedy_on_a_prepacked_model_matches_plain_greedy(family, mkl_linear_calls):
+def test_greedy_on_a_prepacked_model_matches_plain_greedy(family, backend, packed_calls):
     base = tiny_base_model(family, vocab_size=VOCAB_SIZE, seed=3)
     model = MedusaModel(base, random_heads(base, num_heads=3, seed=4), tree=WIDE_TREE)
     generator = torch.Generator().manual_seed(5)
@@ -211,10 +243,11 @@ def test_greedy_on_a_prepacked_model_matches_plain_greedy(family, mkl_linear_cal
     expected = [plain_greedy(base, prompt, MAX_NEW_TOKENS) for prompt in prompts]  # before packing
 
     rows = WIDE_TREE.num_nodes + DEFAULT_LOOKUP_TOKENS
-    prepack_linears(base, rows)
+    prepack_linears(base, rows, backend)
     for prompt, reference in zip(prompts, expected):
         assert torch.equal(generate(model, prompt, MAX_NEW_TOKENS).sequences, reference), f"{family}: diverged from plain greedy"
-    assert mkl_linear_calls and set(mkl_linear_calls) == {rows}, "verification never took the packed path"
+    assert packed_calls, "verification never took the packed path"
+    assert max(packed_calls) <= rows and (backend == ROW_GEMM or set(packed_calls) == {rows})
 
 
 # -- load and the commands ---------------------------------------------------------------------
@@ -227,7 +260,7 @@ def test_load_prepacks_float32_on_cpu_by_default(checkpoint):
     model, _ = load(checkpoint[0], heads=checkpoint[1])
     expected_rows = model.tree.num_nodes + DEFAULT_LOOKUP_TOKENS
     assert expected_rows >= MIN_PREPACKED_ROWS
-    assert prepacked_rows(model.base_model) == expected_rows
+    assert prepacked_rows(model.base_model) == expected_rows and prepack_backend(model.base_model) == default_backend()
     assert not layers_of_type(model.base_model, nn.Linear), "a linear layer of the target was left unpacked"
     assert not layers_of_type(model.heads, PrepackedLinear), "the heads were packed"
     assert prepacked_rows(load(checkpoint[0], heads=checkpoint[1], prepack=True)[0].base_model) == expected_rows
@@ -259,6 +292,7 @@ def test_cli_no_prepack_flag_reaches_load(checkpoint, monkeypatch, capsys):
 def test_machine_info_records_prepacked_rows(checkpoint):
     model, _ = load(checkpoint[0], heads=checkpoint[1])
     assert machine_info(torch.float32, model.base_model)["prepacked_rows"] == prepacked_rows(model.base_model) is not None
+    assert machine_info(torch.float32, model.base_model)["prepack_backend"] == default_backend()
     assert "prepacked_rows" not in machine_info(torch.float32)  # the old call form still works
     unpack_linears(model.base_model)
     assert machine_info(torch.float32, model.base_model)["prepacked_rows"] is None
@@ -277,16 +311,16 @@ def test_benchmark_records_prepacking(checkpoint, tmp_path, flags):
     assert results["machine"]["prepacked_rows"] == expected
 
 
-def test_a_changed_weight_is_never_multiplied_by_its_stale_packed_copy(mkl_linear_calls):
+def test_a_changed_weight_is_never_multiplied_by_its_stale_packed_copy(backend, packed_calls):
     """In-place updates and dtype round trips leave the packed copy behind: the usual path takes over."""
     torch.manual_seed(0)
-    layer = PrepackedLinear(nn.Linear(IN_FEATURES, OUT_FEATURES), PACKED_ROWS)
+    layer = PrepackedLinear(nn.Linear(IN_FEATURES, OUT_FEATURES), PACKED_ROWS, backend)
     inputs = torch.randn(PACKED_ROWS, IN_FEATURES)
     with torch.no_grad():
         layer(inputs)
-        assert mkl_linear_calls == [PACKED_ROWS]
+        assert packed_calls == [PACKED_ROWS]
         layer.weight.mul_(2.0)
         assert torch.equal(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
         layer.to(torch.bfloat16).to(torch.float32)
         assert torch.equal(layer(inputs), F.linear(inputs, layer.weight, layer.bias))
-    assert mkl_linear_calls == [PACKED_ROWS], "the packed path ran on a stale copy"
+    assert packed_calls == [PACKED_ROWS], "the packed path ran on a stale copy"
