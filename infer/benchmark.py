@@ -19,7 +19,8 @@ thermal state); one warm-up run of each comes first.
 
 All methods share one model, whose linear weights ``medusa_lite.load`` pre-packs on CPU in fp32
 for the tree's verification size (``--no-prepack``: not); a PLD step of at most that many tokens
-uses the packed weights too. ``results.json`` records it as ``machine.prepacked_rows``.
+uses the packed weights too. ``results.json`` records it as ``machine.prepacked_rows`` and
+``machine.prepack_backend`` (``row_gemm``: medusa_lite's AVX-512 kernel; ``mkl``: MKL's packed GEMM).
 
 Reported per category and overall: mean accepted tokens per step (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
@@ -291,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to run (plain always runs)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for MKL (default: pre-pack on CPU in fp32)")
+    parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
 

@@ -40,7 +40,7 @@ from medusa_lite.errors import MedusaError
 from medusa_lite.generate import accepted_path, propose
 from medusa_lite.loading import DEFAULT_HEADS_DIR, DTYPES, TREE_FILE_NAME, MissingHeadsError, heads_source_for, load, load_target, verification_rows, write_tree_file
 from medusa_lite.model import MedusaModel
-from medusa_lite.prepack import prepack_linears, prepack_supported
+from medusa_lite.prepack import default_backend, prepack_linears, prepack_supported
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import REFERENCE_TOPK_ACCURACY, Tree, best_tree, expected_accepted_tokens
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
@@ -281,7 +281,7 @@ def calibrate(args: argparse.Namespace) -> Path | None:
     costs = measure_step_costs(model, trees, prefix_tokens=args.prefix_tokens, repeats=args.repeats, warmup=args.warmup, prepack=prepack)
     rows = prediction_table(trees, costs, accuracy)
     chosen = None if args.costs_only else best_row(rows)
-    print(f"{str(model.base_model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, {'MKL-packed linears per tree size' if prepack else 'unpacked linears'}, accuracies: {accuracy_source}")
+    print(f"{str(model.base_model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, {'pre-packed linears (' + str(default_backend()) + ') per tree size' if prepack else 'unpacked linears'}, accuracies: {accuracy_source}")
     print(format_table(rows, chosen))
     if out is None:
         return None

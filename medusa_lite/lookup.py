@@ -22,10 +22,11 @@ import torch
 LOOKUP_MAX_NGRAM = 3
 LOOKUP_MIN_NGRAM = 1
 # How far a match is trusted: ``generate`` copies at most this many tokens per matched token (a
-# lone matched token -> 2 guesses, a 3-token match -> 6). Chosen by replaying decoding on 120
-# held-out self-distilled prompts (benchmarks/lookup_policy/): with the row_gemm kernel, chains of
-# 6/4/2 tokens for 3/2/1-token matches gave 1.87 tokens/step and a 1.57x predicted speed-up, against
-# 1.74 and 1.47x for a flat 3-token chain.
+# lone matched token -> 2 guesses, a 3-token match -> 6). Chosen by replaying greedy decoding on
+# 120 held-out self-distilled prompts with measured step costs (benchmarks/lookup_policy/): with
+# the row_gemm kernel and the 4-node tree, chains of 6/4/2 tokens for 3/2/1-token matches predict
+# 1.89 tokens/step and 1.54x, the best of 630 policies 1.56x, the earlier 3-node tree with a flat
+# 3-token chain 1.74 and 1.44x.
 LOOKUP_TOKENS_PER_MATCHED_TOKEN = 2
 
 

@@ -5,8 +5,8 @@ few rows (a tree's nodes) by a weight matrix that costs about what one row costs
 packed or not, costs 1.5-2x for 4-8 rows on a 2-core AVX-512 CPU; see ``medusa_lite.prepack``).
 
 The library is compiled once per source version into ``<medusa-lite cache>/kernels/`` (``cc``,
-or ``$CC``; OpenMP through the same ``libgomp`` PyTorch uses, so ``torch.set_num_threads``
-applies). Without an AVX-512 CPU, a C compiler or PyTorch's OpenMP, :func:`row_gemm_unavailable_reason`
+or ``$CC``, with OpenMP; every call passes ``torch.get_num_threads()``, so ``torch.set_num_threads``
+applies even where this library's OpenMP runtime is not PyTorch's). Without an AVX-512 CPU, a C compiler or PyTorch's OpenMP, :func:`row_gemm_unavailable_reason`
 says why and callers keep PyTorch's own kernels.
 """
 
@@ -57,7 +57,10 @@ def build_library(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent) as scratch:
         built = Path(scratch) / path.name
-        result = subprocess.run([cc, *COMPILE_FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        try:
+            result = subprocess.run([cc, *COMPILE_FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as error:
+            raise KernelBuildError(f"cannot run the C compiler {cc!r}: {error}") from error
         if result.returncode != 0:
             raise KernelBuildError(f"{cc} failed to compile {SOURCE.name}: {result.stderr.strip()[-2000:]}")
         os.replace(built, path)
@@ -75,9 +78,9 @@ def row_gemm_library() -> ctypes.CDLL:
         library = ctypes.CDLL(str(path))
     except OSError as error:
         raise KernelBuildError(f"cannot load {path}: {error}") from error
-    pointers, sizes = [ctypes.c_void_p] * 3, [ctypes.c_long] * 3
-    library.row_gemm.argtypes, library.row_gemm.restype = pointers + sizes, None
-    library.row_gemm_pack.argtypes, library.row_gemm_pack.restype = pointers[:2] + sizes[:2], None
+    pointers, sizes, threads = [ctypes.c_void_p] * 3, [ctypes.c_long] * 3, [ctypes.c_int]
+    library.row_gemm.argtypes, library.row_gemm.restype = pointers + sizes + threads, None
+    library.row_gemm_pack.argtypes, library.row_gemm_pack.restype = pointers[:2] + sizes[:2] + threads, None
     library.row_gemm_block_cols.restype = library.row_gemm_max_rows.restype = ctypes.c_long
     return library
 
@@ -109,7 +112,7 @@ def pack_for_row_gemm(weight: torch.Tensor) -> torch.Tensor:
     weight = weight.detach().contiguous()
     out_features, in_features = weight.shape
     packed = torch.empty(packed_size(out_features, in_features), dtype=torch.float32)
-    row_gemm_library().row_gemm_pack(weight.data_ptr(), packed.data_ptr(), out_features, in_features)
+    row_gemm_library().row_gemm_pack(weight.data_ptr(), packed.data_ptr(), out_features, in_features, torch.get_num_threads())
     return packed
 
 
@@ -123,5 +126,5 @@ def row_gemm(inputs: torch.Tensor, packed: torch.Tensor, out_features: int) -> t
             f"weight of {packed.numel()} floats for {out_features} outputs"
         )
     output = torch.empty(rows, out_features, dtype=torch.float32)
-    row_gemm_library().row_gemm(inputs.data_ptr(), packed.data_ptr(), output.data_ptr(), rows, out_features, in_features)
+    row_gemm_library().row_gemm(inputs.data_ptr(), packed.data_ptr(), output.data_ptr(), rows, out_features, in_features, torch.get_num_threads())
     return output

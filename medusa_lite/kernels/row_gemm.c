@@ -23,9 +23,9 @@ long row_gemm_block_cols(void) { return BLOCK_COLS; }
 long row_gemm_max_rows(void) { return MAX_ROWS; }
 
 /* packed must hold ceil(N / BLOCK_COLS) * K * BLOCK_COLS floats. */
-void row_gemm_pack(const float *w, float *packed, long N, long K) {
+void row_gemm_pack(const float *w, float *packed, long N, long K, int threads) {
   long blocks = (N + BLOCK_COLS - 1) / BLOCK_COLS;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (long b = 0; b < blocks; b++)
     for (long k = 0; k < K; k++)
       for (long j = 0; j < BLOCK_COLS; j++) {
@@ -76,9 +76,9 @@ BLOCK_KERNEL(6)
 BLOCK_KERNEL(7)
 BLOCK_KERNEL(8)
 
-static void gemm_upto_max_rows(const float *x, const float *packed, float *y, long R, long N, long K) {
+static void gemm_upto_max_rows(const float *x, const float *packed, float *y, long R, long N, long K, int threads) {
   long blocks = (N + BLOCK_COLS - 1) / BLOCK_COLS;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (long b = 0; b < blocks; b++) {
     switch (R) {
       case 1: block_rows_1(x, packed, y, b, N, K); break;
@@ -93,10 +93,12 @@ static void gemm_upto_max_rows(const float *x, const float *packed, float *y, lo
   }
 }
 
-/* x: [R, K] row-major, y: [R, N] row-major, packed: from row_gemm_pack. */
-void row_gemm(const float *x, const float *packed, float *y, long R, long N, long K) {
+/* x: [R, K] row-major, y: [R, N] row-major, packed: from row_gemm_pack; threads: OpenMP threads
+ * (passed by the caller, torch.get_num_threads(), in case this library's OpenMP runtime is not
+ * the one PyTorch set). */
+void row_gemm(const float *x, const float *packed, float *y, long R, long N, long K, int threads) {
   for (long r0 = 0; r0 < R; r0 += MAX_ROWS) {
     long rows = R - r0 < MAX_ROWS ? R - r0 : MAX_ROWS;
-    gemm_upto_max_rows(x + r0 * K, packed, y + r0 * N, rows, N, K);
+    gemm_upto_max_rows(x + r0 * K, packed, y + r0 * N, rows, N, K, threads);
   }
 }

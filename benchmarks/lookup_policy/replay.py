@@ -1,0 +1,207 @@
+"""Choose the prompt-lookup policy (and check the tree) by replaying greedy decoding offline.
+
+    python benchmarks/lookup_policy/replay.py collect --n 120      # held-out prompts -> continuations
+    python benchmarks/lookup_policy/replay.py costs                # step cost by verified rows
+    python benchmarks/lookup_policy/replay.py replay               # every policy, predicted speed-up
+
+Greedy decoding is deterministic, so what a decoding step accepts depends only on the target's
+greedy continuation, the heads' ranked guesses at each position and the lookup chain, not on
+timing. ``collect`` computes, for prompts of the heads' *held-out* training split (never
+Spec-Bench), the target's greedy continuation and, at every position, each head's top-k guesses
+(one forward over prompt + continuation; heads read the hidden state and the next token, as in
+``medusa_lite.generate``). ``costs`` times one decoding step by number of verified rows on this
+machine (sizes shuffled per repeat, medians). ``replay`` walks each continuation step by step for
+every (tree, chain length per matched n-gram) pair: the candidates are built as ``generate``
+builds them (tree guesses, then the lookup chain grafted as a trie), the accepted length is the
+longest path matching the continuation, and the step costs ``costs``' measured relative cost of
+its row count. Predicted speed-up = one-row steps plain decoding needs / summed relative costs
+(prefills left out: they are the same for both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+from transformers import DynamicCache
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO_ROOT / "infer")]
+
+from calibrate_tree import random_prefix, timed_step  # noqa: E402
+
+from medusa_lite.cli import set_threads  # noqa: E402
+from medusa_lite.generate import generate  # noqa: E402
+from medusa_lite.loading import load  # noqa: E402
+from medusa_lite.prepack import prepack_linears  # noqa: E402
+from medusa_lite.training.data import load_training_data  # noqa: E402
+from medusa_lite.tree import Tree  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+CONFIG = REPO_ROOT / "configs" / "smollm2_heads.yaml"
+CONTINUATIONS = REPO_ROOT / "outputs" / "lookup_policy" / "continuations.pt"
+COSTS = HERE / "step_costs.json"
+RESULTS = HERE / "replay_results.json"
+TOP_K = 8
+MAX_NEW_TOKENS = 48
+COST_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16)
+COST_PREFIXES = (150, 500)
+COST_REPEATS, COST_WARMUP = 30, 3
+COST_PACKED_ROWS = 16
+LOOKUP_MAX_NGRAM = 3
+TREES = {
+    "1 node (lookup only)": [],
+    "2 nodes": [[0]],
+    "3 nodes": [[0], [1]],
+    "3 nodes, chain": [[0], [0, 0]],
+    "4 nodes": [[0], [1], [0, 0]],
+    "4 nodes, flat": [[0], [1], [2]],
+    "5 nodes": [[0], [1], [0, 0], [0, 0, 0]],
+    "6 nodes": [[0], [1], [2], [0, 0], [0, 0, 0]],
+    "8 nodes": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]],
+}
+CHAIN_LENGTHS = [(l3, l2, l1) for l3, l2, l1 in itertools.product([0, 1, 2, 3, 4, 6, 8], [0, 1, 2, 3, 4, 6], [0, 1, 2, 3]) if l3 >= l2 >= l1]
+
+
+# -- collect -----------------------------------------------------------------------------------
+@torch.inference_mode()
+def collect(n: int, out: Path) -> None:
+    config = yaml.safe_load(CONFIG.read_text())
+    model, tokenizer = load()
+    held_out = load_training_data(
+        [str(REPO_ROOT / path) for path in config["data"]], tokenizer, max_length=config["max_length"], eval_fraction=config["eval_fraction"], seed=config.get("seed", 0)
+    ).eval
+    records = []
+    for index in random.Random(0).sample(range(len(held_out)), min(n, len(held_out))):
+        sample = held_out[index]
+        prompt = sample.input_ids[: int(torch.nonzero(sample.loss_mask)[0])]
+        sequence = generate(model, prompt, MAX_NEW_TOKENS).sequences[0]  # = plain greedy (tested)
+        hidden = model.target_forward(sequence[None]).hidden[0]
+        positions = torch.arange(prompt.numel(), sequence.numel())
+        guesses = model.head_topk(hidden[positions - 1], TOP_K, model.num_heads, next_tokens=sequence[positions])
+        records.append({"sequence": sequence, "prompt_len": prompt.numel(), "guesses": guesses})
+    out.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(records, out)
+    print(f"wrote {len(records)} continuations to {out}")
+
+
+# -- costs -------------------------------------------------------------------------------------
+@torch.inference_mode()
+def measure_costs(out: Path) -> None:
+    model, _ = load()
+    prepack_linears(model.base_model, COST_PACKED_ROWS)
+    trees = {size: Tree.from_paths([[rank] for rank in range(size - 1)]) for size in COST_SIZES}
+    relative: dict[int, dict[int, float]] = {}
+    for prefix_tokens in COST_PREFIXES:
+        prefix = random_prefix(model.config.vocab_size, prefix_tokens)
+        cache = DynamicCache()
+        prefill = model.target_forward(prefix[None], cache=cache, use_cache=True)
+        root, hidden = prefill.logits[0, -1:].argmax(-1), prefill.hidden[0, -1]
+        samples: dict[int, list[float]] = {size: [] for size in COST_SIZES}
+        shuffler = random.Random(0)
+        for repeat in range(COST_WARMUP + COST_REPEATS):
+            for size in shuffler.sample(COST_SIZES, len(COST_SIZES)):
+                _, seconds = timed_step(model, cache, hidden, root, trees[size])
+                if repeat >= COST_WARMUP:
+                    samples[size].append(seconds)
+        medians = {size: statistics.median(times) for size, times in samples.items()}
+        relative[prefix_tokens] = {size: medians[size] / medians[1] for size in COST_SIZES}
+        print(prefix_tokens, {size: round(cost, 2) for size, cost in relative[prefix_tokens].items()})
+    mean = {size: statistics.mean(relative[p][size] for p in COST_PREFIXES) for size in COST_SIZES}
+    out.write_text(json.dumps({"threads": torch.get_num_threads(), "packed_rows": COST_PACKED_ROWS, "by_prefix": relative, "relative_cost": mean}, indent=1) + "\n")
+
+
+# -- replay ------------------------------------------------------------------------------------
+def latest_match(history: list[int]) -> tuple[int, int | None]:
+    """(n, index after the match) of the latest earlier occurrence of the longest final n-gram (as medusa_lite.lookup)."""
+    for n in range(LOOKUP_MAX_NGRAM, 0, -1):
+        if len(history) <= n:
+            continue
+        tail = history[-n:]
+        for start in range(len(history) - 1 - n, -1, -1):
+            if history[start : start + n] == tail:
+                return n, start + n
+    return 0, None
+
+
+def replay_one(record: dict, tree_paths: list[list[int]], chain_lengths: dict[int, int], cost) -> tuple[int, int, float]:
+    """(new tokens, target calls incl. prefill, summed relative step cost) of greedy decoding one record."""
+    sequence, prompt_len, guesses = record["sequence"].tolist(), record["prompt_len"], record["guesses"]
+    total = len(sequence) - prompt_len
+    position, new_tokens, calls, summed = prompt_len, 1, 1, 0.0  # the prefill gives the first token
+    while new_tokens < total:
+        room = min(MAX_NEW_TOKENS - new_tokens - 1, total - new_tokens)
+        children: list[dict[int, int]] = [{}]
+        for path in tree_paths:
+            if len(path) > room:
+                continue
+            node = 0
+            for depth, rank in enumerate(path):
+                token = int(guesses[position - prompt_len, depth, rank])
+                if token not in children[node]:
+                    children.append({})
+                    children[node][token] = len(children) - 1
+                node = children[node][token]
+        n, follow = latest_match(sequence[: position + 1])
+        length = min(chain_lengths.get(n, 0), room)
+        node = 0
+        for token in sequence[follow : follow + length] if follow is not None else []:
+            if token not in children[node]:
+                children.append({})
+                children[node][token] = len(children) - 1
+            node = children[node][token]
+        accepted, node = 0, 0
+        while position + 1 + accepted < len(sequence) and sequence[position + 1 + accepted] in children[node]:
+            node = children[node][sequence[position + 1 + accepted]]
+            accepted += 1
+        accepted = min(accepted, room)
+        new_tokens, position, calls = new_tokens + accepted + 1, position + accepted + 1, calls + 1
+        summed += cost(len(children))
+    return new_tokens, calls, summed
+
+
+def replay(continuations: Path, costs: Path, out: Path) -> None:
+    records = torch.load(continuations)
+    relative = {int(size): value for size, value in json.loads(costs.read_text())["relative_cost"].items()}
+    largest = max(relative)
+
+    def cost(rows: int) -> float:
+        fits = [size for size in relative if size >= rows]
+        return relative[min(fits)] if fits else relative[largest] * rows / largest
+
+    rows = []
+    for (name, paths), lengths in itertools.product(TREES.items(), CHAIN_LENGTHS):
+        totals = [replay_one(record, paths, dict(zip((3, 2, 1), lengths)), cost) for record in records]
+        new_tokens, calls, summed = (sum(values) for values in zip(*totals))
+        plain_steps = new_tokens - len(records)  # tokens after each prefill, one step each
+        rows.append({"tree": name, "chain_for_3_2_1_gram": list(lengths), "mean_accepted_tokens": new_tokens / calls, "predicted_speedup": plain_steps / summed})
+    rows.sort(key=lambda row: -row["predicted_speedup"])
+    out.write_text(json.dumps({"records": len(records), "costs": str(costs.name), "results": rows}, indent=1) + "\n")
+    for row in rows[:15]:
+        print(f"{row['predicted_speedup']:.3f}x  {row['mean_accepted_tokens']:.2f} tokens/step  {row['tree']:22s} chain {row['chain_for_3_2_1_gram']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["collect", "costs", "replay"])
+    parser.add_argument("--n", type=int, default=120, help="collect: held-out prompts")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    set_threads(args.threads)
+    if args.command == "collect":
+        collect(args.n, CONTINUATIONS)
+    elif args.command == "costs":
+        measure_costs(COSTS)
+    else:
+        replay(CONTINUATIONS, COSTS, RESULTS)
+
+
+if __name__ == "__main__":
+    main()
