@@ -30,22 +30,13 @@ LOOKUP_MIN_NGRAM = 1
 LOOKUP_TOKENS_PER_MATCHED_TOKEN = 2
 
 
-def prompt_lookup(
-    history: torch.Tensor,
-    max_tokens: int,
-    max_ngram: int = LOOKUP_MAX_NGRAM,
-    min_ngram: int = LOOKUP_MIN_NGRAM,
-    tokens_per_matched_token: int | None = None,
-) -> torch.Tensor:
-    """Up to ``max_tokens`` ids that followed the latest earlier occurrence of ``history``'s last n-gram.
+def latest_match(history: torch.Tensor, max_ngram: int = LOOKUP_MAX_NGRAM, min_ngram: int = LOOKUP_MIN_NGRAM) -> tuple[int, int | None]:
+    """(n, index of the token that followed it) for the latest earlier occurrence of ``history``'s last n-gram.
 
-    Tries n = ``max_ngram`` down to ``min_ngram`` and returns the continuation of the most recent
-    match of the longest n-gram that has one; an empty tensor when nothing matches.
-    ``tokens_per_matched_token``: also at most this many ids per matched token (None: no such limit).
+    Tries n = ``max_ngram`` down to ``min_ngram``: the longest n-gram that has an earlier
+    occurrence wins, and of its occurrences the most recent. (0, None) when nothing matches.
     """
     length = history.numel()
-    if max_tokens <= 0:
-        return history[:0]
     for n in range(max_ngram, min_ngram - 1, -1):
         if length <= n:
             continue
@@ -53,10 +44,29 @@ def prompt_lookup(
         windows = history[: length - 1].unfold(0, n, 1)
         starts = torch.nonzero((windows == history[length - n :]).all(dim=-1)).flatten()
         if starts.numel():
-            follow = int(starts[-1]) + n
-            count = max_tokens if tokens_per_matched_token is None else min(max_tokens, tokens_per_matched_token * n)
-            return history[follow : follow + count]
-    return history[:0]
+            return n, int(starts[-1]) + n
+    return 0, None
+
+
+def prompt_lookup(
+    history: torch.Tensor,
+    max_tokens: int,
+    max_ngram: int = LOOKUP_MAX_NGRAM,
+    min_ngram: int = LOOKUP_MIN_NGRAM,
+    tokens_per_matched_token: int | None = None,
+) -> torch.Tensor:
+    """Up to ``max_tokens`` ids that followed the latest earlier occurrence of ``history``'s last n-gram
+    (:func:`latest_match`); an empty tensor when nothing matches.
+
+    ``tokens_per_matched_token``: also at most this many ids per matched token (None: no such limit).
+    """
+    if max_tokens <= 0:
+        return history[:0]
+    n, follow = latest_match(history, max_ngram, min_ngram)
+    if follow is None:
+        return history[:0]
+    count = max_tokens if tokens_per_matched_token is None else min(max_tokens, tokens_per_matched_token * n)
+    return history[follow : follow + count]
 
 
 @dataclass(frozen=True)

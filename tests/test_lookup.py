@@ -5,7 +5,7 @@ import torch
 
 from medusa_lite import MedusaModel, Tree, generate
 from medusa_lite.errors import GenerationInputError
-from medusa_lite.lookup import draft_tree, graft_chain, prompt_lookup
+from medusa_lite.lookup import draft_tree, graft_chain, latest_match, prompt_lookup
 from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 FAMILIES = ("llama", "qwen2", "mistral")
@@ -30,6 +30,12 @@ def test_lookup_prefers_longer_ngrams_and_returns_nothing_without_a_match():
     assert prompt_lookup(ids(1, 2, 3), 4).numel() == 0
     assert prompt_lookup(ids(7), 4).numel() == 0
     assert prompt_lookup(history, 0).numel() == 0
+
+
+def test_latest_match_names_the_matched_length_and_where_its_continuation_starts():
+    assert latest_match(ids(1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3)) == (2, 7)  # the later "2 3", followed by 7 at index 7
+    assert latest_match(ids(1, 2, 3, 4, 1, 2, 3)) == (3, 3)
+    assert latest_match(ids(1, 2, 3)) == (0, None)
 
 
 def test_a_short_match_is_trusted_for_fewer_tokens():

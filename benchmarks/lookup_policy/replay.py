@@ -40,6 +40,7 @@ from calibrate_tree import random_prefix, timed_step  # noqa: E402
 from medusa_lite.cli import set_threads  # noqa: E402
 from medusa_lite.generate import generate  # noqa: E402
 from medusa_lite.loading import load  # noqa: E402
+from medusa_lite.lookup import latest_match  # noqa: E402
 from medusa_lite.prepack import prepack_linears  # noqa: E402
 from medusa_lite.training.data import load_training_data  # noqa: E402
 from medusa_lite.tree import Tree  # noqa: E402
@@ -55,7 +56,6 @@ COST_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 16)
 COST_PREFIXES = (150, 500)
 COST_REPEATS, COST_WARMUP = 30, 3
 COST_PACKED_ROWS = 16
-LOOKUP_MAX_NGRAM = 3
 TREES = {
     "1 node (lookup only)": [],
     "2 nodes": [[0]],
@@ -119,21 +119,10 @@ def measure_costs(out: Path) -> None:
 
 
 # -- replay ------------------------------------------------------------------------------------
-def latest_match(history: list[int]) -> tuple[int, int | None]:
-    """(n, index after the match) of the latest earlier occurrence of the longest final n-gram (as medusa_lite.lookup)."""
-    for n in range(LOOKUP_MAX_NGRAM, 0, -1):
-        if len(history) <= n:
-            continue
-        tail = history[-n:]
-        for start in range(len(history) - 1 - n, -1, -1):
-            if history[start : start + n] == tail:
-                return n, start + n
-    return 0, None
-
-
 def replay_one(record: dict, tree_paths: list[list[int]], chain_lengths: dict[int, int], cost) -> tuple[int, int, float]:
     """(new tokens, target calls incl. prefill, summed relative step cost) of greedy decoding one record."""
-    sequence, prompt_len, guesses = record["sequence"].tolist(), record["prompt_len"], record["guesses"]
+    tokens, prompt_len, guesses = record["sequence"], record["prompt_len"], record["guesses"]
+    sequence = tokens.tolist()
     total = len(sequence) - prompt_len
     position, new_tokens, calls, summed = prompt_len, 1, 1, 0.0  # the prefill gives the first token
     while new_tokens < total:
@@ -149,7 +138,7 @@ def replay_one(record: dict, tree_paths: list[list[int]], chain_lengths: dict[in
                     children.append({})
                     children[node][token] = len(children) - 1
                 node = children[node][token]
-        n, follow = latest_match(sequence[: position + 1])
+        n, follow = latest_match(tokens[: position + 1])
         length = min(chain_lengths.get(n, 0), room)
         node = 0
         for token in sequence[follow : follow + length] if follow is not None else []:
