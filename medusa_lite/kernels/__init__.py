@@ -99,9 +99,15 @@ def row_gemm_available() -> bool:
     return row_gemm_unavailable_reason() is None
 
 
+@functools.cache
+def block_columns() -> int:
+    """Outputs per column block of a packed weight (asked of the library once, not on every product)."""
+    return row_gemm_library().row_gemm_block_cols()
+
+
 def packed_size(out_features: int, in_features: int) -> int:
     """Floats in a packed copy: whole column blocks (the last one zero-padded)."""
-    cols = row_gemm_library().row_gemm_block_cols()
+    cols = block_columns()
     return -(-out_features // cols) * cols * in_features
 
 
