@@ -25,6 +25,7 @@ from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from medusa_lite.attention import TREE_SDPA
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import MedusaHeads
@@ -35,7 +36,8 @@ from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, tree_for_heads
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
 TREE_FILE_NAME = "tree.json"
 TREE_FILE_FORMAT = "medusa-lite-tree/1"
-ATTN_IMPLEMENTATION = "sdpa"
+# SDPA that keeps grouped-query keys/values unexpanded under the tree mask on CPU (medusa_lite.attention).
+ATTN_IMPLEMENTATION = TREE_SDPA
 # "auto" = default_dtype(device). Command-line names of the dtypes.
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -125,7 +127,7 @@ def load_target(model: str | os.PathLike | None, dtype: torch.dtype | None, devi
     if model is None:
         from medusa_lite.default_model import load_base_model  # lazy: converts a GGUF file on first use
 
-        return load_base_model(None, dtype=dtype, device=device)
+        return load_base_model(None, dtype=dtype, device=device, attn_implementation=ATTN_IMPLEMENTATION)
     base = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
     tokenizer = AutoTokenizer.from_pretrained(model)
     return base.to(device).eval(), tokenizer

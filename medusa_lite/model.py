@@ -15,12 +15,13 @@ import torch
 from torch import nn
 from transformers import PreTrainedModel
 
+from medusa_lite.attention import TREE_SDPA
 from medusa_lite.errors import IncompatibleHeadsError, TreeError, UnsupportedModelError
 from medusa_lite.heads import DraftLMHead, MedusaConfig, MedusaHeads
 from medusa_lite.tree import Tree, as_tree, tree_for_heads
 
 # Attention implementations known to apply an arbitrary additive 4D mask (tree attention).
-TREE_CAPABLE_ATTENTION = ("eager", "sdpa")
+TREE_CAPABLE_ATTENTION = ("eager", "sdpa", TREE_SDPA)
 
 
 @dataclass
@@ -79,7 +80,7 @@ def check_tree_attention_supported(base_model: PreTrainedModel) -> None:
     if implementation not in TREE_CAPABLE_ATTENTION:
         raise UnsupportedModelError(
             f"attention implementation {implementation!r} cannot take the custom 4D tree attention mask; "
-            f"load the model with attn_implementation='sdpa' (or 'eager'), one of {TREE_CAPABLE_ATTENTION}"
+            f"load the model with attn_implementation={TREE_SDPA!r} (registered by importing medusa_lite), 'sdpa' or 'eager'"
         )
 
 

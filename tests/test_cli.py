@@ -15,6 +15,7 @@ from tiny_models import tiny_base_model
 from tiny_tokenizer import make_tiny_tokenizer
 
 from medusa_lite import MedusaModel, default_tree
+from medusa_lite.attention import TREE_SDPA
 from medusa_lite.cli import chat_input_ids, main
 from medusa_lite.errors import TreeError
 from medusa_lite.loading import MissingHeadsError, default_tree_for, load, read_tree_file, tree_of, write_tree_file
@@ -85,7 +86,7 @@ def test_load_uses_training_summary_accuracies(checkpoint):
     model_dir, heads_dir = checkpoint
     model, tokenizer = load(model_dir, heads=heads_dir, dtype=torch.float32)
     assert isinstance(model, MedusaModel) and model.num_heads == NUM_HEADS
-    assert model.base_model.config._attn_implementation == "sdpa"
+    assert model.base_model.config._attn_implementation == TREE_SDPA
     assert model.base_model.dtype == torch.float32 and next(model.heads.parameters()).dtype == torch.float32
     assert model.tree == default_tree_for(model.heads) == best_tree(TOPK_ACCURACY, 16)
     assert tree_of(model) == model.tree

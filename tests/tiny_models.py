@@ -6,13 +6,14 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
 
 from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel
+from medusa_lite.attention import TREE_SDPA
 
 TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
 FAMILIES = tuple(CONFIG_CLASSES)
 
 
-def tiny_base_model(family: str = "llama", *, vocab_size: int = 128, seed: int = 0, logit_scale: float = 1.0, attn_implementation: str = "sdpa", eos_token_id: int | None = None, **overrides):
+def tiny_base_model(family: str = "llama", *, vocab_size: int = 128, seed: int = 0, logit_scale: float = 1.0, attn_implementation: str = TREE_SDPA, eos_token_id: int | None = None, **overrides):
     """A fp32 random causal LM of the given family; ``logit_scale`` sharpens its distributions."""
     torch.manual_seed(seed)
     config = CONFIG_CLASSES[family](vocab_size=vocab_size, **{**TINY_SIZES, **overrides}, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)

@@ -9,7 +9,8 @@
  *
  * Weights are packed once (pack_weight) into column blocks of BLOCK_COLS outputs:
  * packed[b][k][j] = w[b * BLOCK_COLS + j][k], zero for columns past N. One call streams every
- * block once for up to MAX_ROWS rows; more rows are done MAX_ROWS at a time.
+ * block once: up to MAX_ROWS rows straight from memory, more rows MAX_ROWS at a time from the
+ * block while it is in L2 cache.
  * Built by medusa_lite/kernels/__init__.py with: cc -O3 -mavx512f -mfma -fopenmp -shared -fPIC
  */
 #include <immintrin.h>
@@ -76,29 +77,30 @@ BLOCK_KERNEL(6)
 BLOCK_KERNEL(7)
 BLOCK_KERNEL(8)
 
-static void gemm_upto_max_rows(const float *x, const float *packed, float *y, long R, long N, long K, int threads) {
-  long blocks = (N + BLOCK_COLS - 1) / BLOCK_COLS;
-#pragma omp parallel for schedule(static) num_threads(threads)
-  for (long b = 0; b < blocks; b++) {
-    switch (R) {
-      case 1: block_rows_1(x, packed, y, b, N, K); break;
-      case 2: block_rows_2(x, packed, y, b, N, K); break;
-      case 3: block_rows_3(x, packed, y, b, N, K); break;
-      case 4: block_rows_4(x, packed, y, b, N, K); break;
-      case 5: block_rows_5(x, packed, y, b, N, K); break;
-      case 6: block_rows_6(x, packed, y, b, N, K); break;
-      case 7: block_rows_7(x, packed, y, b, N, K); break;
-      case 8: block_rows_8(x, packed, y, b, N, K); break;
+/* Rows r0.. of one column block, MAX_ROWS at a time: the block's weights come from memory for the
+ * first group and are still in L2 cache (K * BLOCK_COLS floats: 110-295 KiB here) for the next. */
+static void block_all_rows(const float *x, const float *packed, float *y, long b, long R, long N, long K) {
+  for (long r0 = 0; r0 < R; r0 += MAX_ROWS) {
+    const float *xr = x + r0 * K;
+    float *yr = y + r0 * N;
+    switch (R - r0 < MAX_ROWS ? R - r0 : MAX_ROWS) {
+      case 1: block_rows_1(xr, packed, yr, b, N, K); break;
+      case 2: block_rows_2(xr, packed, yr, b, N, K); break;
+      case 3: block_rows_3(xr, packed, yr, b, N, K); break;
+      case 4: block_rows_4(xr, packed, yr, b, N, K); break;
+      case 5: block_rows_5(xr, packed, yr, b, N, K); break;
+      case 6: block_rows_6(xr, packed, yr, b, N, K); break;
+      case 7: block_rows_7(xr, packed, yr, b, N, K); break;
+      case 8: block_rows_8(xr, packed, yr, b, N, K); break;
     }
   }
 }
 
 /* x: [R, K] row-major, y: [R, N] row-major, packed: from row_gemm_pack; threads: OpenMP threads
  * (passed by the caller, torch.get_num_threads(), in case this library's OpenMP runtime is not
- * the one PyTorch set). */
+ * the one PyTorch set). Every weight block is read from memory once, whatever R. */
 void row_gemm(const float *x, const float *packed, float *y, long R, long N, long K, int threads) {
-  for (long r0 = 0; r0 < R; r0 += MAX_ROWS) {
-    long rows = R - r0 < MAX_ROWS ? R - r0 : MAX_ROWS;
-    gemm_upto_max_rows(x + r0 * K, packed, y + r0 * N, rows, N, K, threads);
-  }
+  long blocks = (N + BLOCK_COLS - 1) / BLOCK_COLS;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (long b = 0; b < blocks; b++) block_all_rows(x, packed, y, b, R, N, K);
 }
