@@ -33,8 +33,9 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
-from transformers import DynamicCache
+from transformers import Cache
 
+from medusa_lite.cache import reserved_cache
 from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, set_threads
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import accepted_path, propose
@@ -70,7 +71,7 @@ def random_prefix(vocab_size: int, length: int, seed: int = PREFIX_SEED) -> torc
     return torch.randint(0, vocab_size, (length,), generator=generator)
 
 
-def timed_step(model: MedusaModel, cache: DynamicCache, hidden: torch.Tensor, root: torch.Tensor, tree: Tree) -> tuple[float, float]:
+def timed_step(model: MedusaModel, cache: Cache, hidden: torch.Tensor, root: torch.Tensor, tree: Tree) -> tuple[float, float]:
     """(verify seconds, whole-step seconds) of one decoding step; the cache is put back as it was."""
     prefix_len = cache.get_seq_length()
     start = time.perf_counter()
@@ -100,7 +101,7 @@ def measure_step_costs(model: MedusaModel, trees: Sequence[Tree], *, prefix_toke
     linear weights for that tree as :func:`medusa_lite.load` would (tree + default lookup chain).
     """
     prefix = random_prefix(model.config.vocab_size, prefix_tokens).to(model.device)
-    cache = DynamicCache()
+    cache = reserved_cache(model, prefix_tokens + max(tree.num_nodes for tree in trees))  # as generate reserves it
     prefill = model.target_forward(prefix[None], cache=cache, use_cache=True)
     root = prefill.logits[0, -1:].argmax(dim=-1)
     hidden = prefill.hidden[0, -1]

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
+from medusa_lite.cache import reserved_cache
 from medusa_lite.errors import GenerationInputError
 from medusa_lite.lookup import LOOKUP_TOKENS_PER_MATCHED_TOKEN, DraftTree, draft_tree, graft_chain, prompt_lookup
 from medusa_lite.model import MedusaModel, check_tree_attention_supported, text_config
@@ -265,7 +265,8 @@ def generate(
 
     finished = max_new_tokens == 0
     if not finished:
-        cache = DynamicCache()
+        # Room for the whole generation: the prompt, every new token and the widest step's tree.
+        cache = reserved_cache(model, prompt.numel() + max_new_tokens + full_tree.num_nodes + lookup_tokens)
         # Only the last position's logits are needed (as in transformers' generate): the lm_head
         # over a long prompt would otherwise cost more than several decoding steps.
         prefill = model.target_forward(prompt[None], cache=cache, use_cache=True, logits_to_keep=1)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from medusa_lite import GenerationInputError, MedusaModel, generate
+from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
 
 MAX_POSITIONS = 40
@@ -97,5 +98,5 @@ def test_long_generation_keeps_cache_bounded_by_committed_tokens():
     assert cache.get_seq_length() == length - 1
     layer = cache.layers[0]
     bytes_per_position = layer.keys.shape[1] * layer.keys.shape[-1] * layer.keys.element_size()
-    # Storage may hold the last tree's nodes beyond the committed tokens, never more.
-    assert captured["max_storage"] <= len(cache.layers) * bytes_per_position * (length + out.stats.tree_nodes)
+    # Storage is reserved once for the prompt, the new tokens and the widest step (tree + lookup chain), never more.
+    assert captured["max_storage"] <= len(cache.layers) * bytes_per_position * (length + out.stats.tree_nodes + DEFAULT_LOOKUP_TOKENS)

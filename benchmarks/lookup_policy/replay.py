@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 import yaml
-from transformers import DynamicCache
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO_ROOT / "infer")]
 
 from calibrate_tree import random_prefix, timed_step  # noqa: E402
 
+from medusa_lite.cache import reserved_cache  # noqa: E402
 from medusa_lite.cli import set_threads  # noqa: E402
 from medusa_lite.generate import generate  # noqa: E402
 from medusa_lite.loading import load  # noqa: E402
@@ -101,7 +101,7 @@ def measure_costs(out: Path) -> None:
     relative: dict[int, dict[int, float]] = {}
     for prefix_tokens in COST_PREFIXES:
         prefix = random_prefix(model.config.vocab_size, prefix_tokens)
-        cache = DynamicCache()
+        cache = reserved_cache(model, prefix_tokens + max(COST_SIZES))
         prefill = model.target_forward(prefix[None], cache=cache, use_cache=True)
         root, hidden = prefill.logits[0, -1:].argmax(-1), prefill.hidden[0, -1]
         samples: dict[int, list[float]] = {size: [] for size in COST_SIZES}
