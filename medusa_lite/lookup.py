@@ -25,8 +25,8 @@ LOOKUP_MIN_NGRAM = 1
 # lone matched token -> 2 guesses, a 3-token match -> 6). Chosen by replaying greedy decoding on
 # 120 held-out self-distilled prompts with measured step costs (benchmarks/lookup_policy/): with
 # the row_gemm kernel and the 4-node tree, chains of 6/4/2 tokens for 3/2/1-token matches predict
-# 1.89 tokens/step and 1.54x, the best of 630 policies 1.56x, the earlier 3-node tree with a flat
-# 3-token chain 1.74 and 1.44x.
+# 1.89 tokens/step and 1.76x (1.54x before the cheaper tree attention), the best of 630 policies
+# 1.77x, the earlier 3-node tree with a flat 3-token chain 1.74 and 1.62x.
 LOOKUP_TOKENS_PER_MATCHED_TOKEN = 2
 
 

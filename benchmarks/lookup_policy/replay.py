@@ -11,9 +11,9 @@ Spec-Bench), the target's greedy continuation and, at every position, each head'
 (one forward over prompt + continuation; heads read the hidden state and the next token, as in
 ``medusa_lite.generate``). ``costs`` times one decoding step by number of verified rows on this
 machine (sizes shuffled per repeat, medians). ``replay`` walks each continuation step by step for
-every (tree, chain length per matched n-gram) pair: the candidates are built as ``generate``
-builds them (tree guesses, then the lookup chain grafted as a trie), the accepted length is the
-longest path matching the continuation, and the step costs ``costs``' measured relative cost of
+every (tree, chain length per matched n-gram) pair: the candidates are built by ``generate``'s
+own functions (tree guesses, then the lookup chain grafted as a trie), the accepted path is
+``generate``'s acceptance rule against the continuation, and the step costs ``costs``' measured relative cost of
 its row count. Predicted speed-up = one-row steps plain decoding needs / summed relative costs
 (prefills left out: they are the same for both).
 """
@@ -38,9 +38,9 @@ from calibrate_tree import random_prefix, timed_step  # noqa: E402
 
 from medusa_lite.cache import reserved_cache  # noqa: E402
 from medusa_lite.cli import set_threads  # noqa: E402
-from medusa_lite.generate import generate  # noqa: E402
+from medusa_lite.generate import accepted_path, generate  # noqa: E402
 from medusa_lite.loading import load  # noqa: E402
-from medusa_lite.lookup import latest_match  # noqa: E402
+from medusa_lite.lookup import draft_tree, graft_chain, latest_match  # noqa: E402
 from medusa_lite.prepack import prepack_linears  # noqa: E402
 from medusa_lite.training.data import load_training_data  # noqa: E402
 from medusa_lite.tree import Tree  # noqa: E402
@@ -119,40 +119,27 @@ def measure_costs(out: Path) -> None:
 
 
 # -- replay ------------------------------------------------------------------------------------
-def replay_one(record: dict, tree_paths: list[list[int]], chain_lengths: dict[int, int], cost) -> tuple[int, int, float]:
-    """(new tokens, target calls incl. prefill, summed relative step cost) of greedy decoding one record."""
-    tokens, prompt_len, guesses = record["sequence"], record["prompt_len"], record["guesses"]
-    sequence = tokens.tolist()
-    total = len(sequence) - prompt_len
+def replay_one(record: dict, tree: Tree, chain_lengths: dict[int, int], cost) -> tuple[int, int, float]:
+    """(new tokens, target calls incl. prefill, summed relative step cost) of greedy decoding one record.
+
+    Each step builds its candidates with ``generate``'s own functions (the heads' guesses on the
+    tree, the lookup chain grafted on) and accepts with its rule, the target's token after each
+    node being the continuation's next token (what greedy verification returns on the true path).
+    """
+    sequence, prompt_len, guesses = record["sequence"], record["prompt_len"], record["guesses"]
+    total = sequence.numel() - prompt_len
     position, new_tokens, calls, summed = prompt_len, 1, 1, 0.0  # the prefill gives the first token
     while new_tokens < total:
         room = min(MAX_NEW_TOKENS - new_tokens - 1, total - new_tokens)
-        children: list[dict[int, int]] = [{}]
-        for path in tree_paths:
-            if len(path) > room:
-                continue
-            node = 0
-            for depth, rank in enumerate(path):
-                token = int(guesses[position - prompt_len, depth, rank])
-                if token not in children[node]:
-                    children.append({})
-                    children[node][token] = len(children) - 1
-                node = children[node][token]
-        n, follow = latest_match(tokens[: position + 1])
-        length = min(chain_lengths.get(n, 0), room)
-        node = 0
-        for token in sequence[follow : follow + length] if follow is not None else []:
-            if token not in children[node]:
-                children.append({})
-                children[node][token] = len(children) - 1
-            node = children[node][token]
-        accepted, node = 0, 0
-        while position + 1 + accepted < len(sequence) and sequence[position + 1 + accepted] in children[node]:
-            node = children[node][sequence[position + 1 + accepted]]
-            accepted += 1
-        accepted = min(accepted, room)
+        step_tree = tree.pruned(room)
+        head_tokens = guesses[position - prompt_len][step_tree.node_depths[1:] - 1, step_tree.node_ranks[1:]]
+        n, follow = latest_match(sequence[: position + 1])
+        chain = sequence[follow : follow + min(chain_lengths.get(n, 0), room)] if follow is not None else sequence[:0]
+        draft = graft_chain(draft_tree(step_tree, torch.cat([sequence[position].view(1), head_tokens])), chain)
+        target_tokens = sequence[torch.clamp(position + 1 + draft.node_depths, max=sequence.numel() - 1)]
+        accepted = accepted_path(draft, draft.tokens, target_tokens).numel() - 1
         new_tokens, position, calls = new_tokens + accepted + 1, position + accepted + 1, calls + 1
-        summed += cost(len(children))
+        summed += cost(draft.num_nodes)
     return new_tokens, calls, summed
 
 
@@ -167,7 +154,7 @@ def replay(continuations: Path, costs: Path, out: Path) -> None:
 
     rows = []
     for (name, paths), lengths in itertools.product(TREES.items(), CHAIN_LENGTHS):
-        totals = [replay_one(record, paths, dict(zip((3, 2, 1), lengths)), cost) for record in records]
+        totals = [replay_one(record, Tree.from_paths(paths), dict(zip((3, 2, 1), lengths)), cost) for record in records]
         new_tokens, calls, summed = (sum(values) for values in zip(*totals))
         plain_steps = new_tokens - len(records)  # tokens after each prefill, one step each
         rows.append({"tree": name, "chain_for_3_2_1_gram": list(lengths), "mean_accepted_tokens": new_tokens / calls, "predicted_speedup": plain_steps / summed})
