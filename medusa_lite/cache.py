@@ -17,6 +17,11 @@ from transformers import Cache, DynamicLayer
 from medusa_lite.model import MedusaModel, text_config
 
 
+def empty_buffer(states: torch.Tensor, capacity: int) -> torch.Tensor:
+    """An uninitialised [..., capacity, head_dim] tensor shaped, typed and placed like ``states`` [..., length, head_dim]."""
+    return states.new_empty(*states.shape[:-2], capacity, states.shape[-1])
+
+
 class ReservedLayer(DynamicLayer):
     """A ``DynamicLayer`` that appends into buffers with room for ``capacity`` positions (doubling if exceeded)."""
 
@@ -26,8 +31,7 @@ class ReservedLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self.key_buffer = key_states.new_empty(*key_states.shape[:-2], self.capacity, key_states.shape[-1])
-        self.value_buffer = value_states.new_empty(*value_states.shape[:-2], self.capacity, value_states.shape[-1])
+        self.key_buffer, self.value_buffer = empty_buffer(key_states, self.capacity), empty_buffer(value_states, self.capacity)
         self.keys, self.values = self.key_buffer[..., :0, :], self.value_buffer[..., :0, :]
         self.is_initialized = True
 
@@ -35,8 +39,7 @@ class ReservedLayer(DynamicLayer):
         """Move the cached entries into buffers of at least ``needed`` positions (twice the old capacity)."""
         self.capacity = max(needed, 2 * self.capacity)
         length = self.keys.shape[-2]
-        key_buffer = self.key_buffer.new_empty(*self.key_buffer.shape[:-2], self.capacity, self.key_buffer.shape[-1])
-        value_buffer = self.value_buffer.new_empty(*self.value_buffer.shape[:-2], self.capacity, self.value_buffer.shape[-1])
+        key_buffer, value_buffer = empty_buffer(self.keys, self.capacity), empty_buffer(self.values, self.capacity)
         key_buffer[..., :length, :] = self.keys
         value_buffer[..., :length, :] = self.values
         self.key_buffer, self.value_buffer = key_buffer, value_buffer
