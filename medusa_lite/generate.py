@@ -87,13 +87,18 @@ class GenerationOutput:
 
 
 # -- propose -----------------------------------------------------------------------------------
+def tree_tokens(tree: Tree, root_token: torch.Tensor, guesses: torch.Tensor) -> torch.Tensor:
+    """Tree tokens [N]: the root, then at each node of depth d and rank r ``guesses[d - 1, r]`` (head d's r-th best)."""
+    depths, ranks = tree.node_depths[1:].to(guesses.device), tree.node_ranks[1:].to(guesses.device)
+    return torch.cat([root_token.view(1), guesses[depths - 1, ranks]])
+
+
 def head_guesses(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree) -> torch.Tensor:
     """Tree tokens [N]: the root, then at each node of depth d head d's guess of that node's rank."""
     if tree.depth == 0:
         return root_token.view(1)
     guesses = model.head_topk(hidden, max(tree.topk_per_depth()), tree.depth, next_tokens=root_token.view(()))  # [depth, k]
-    depths, ranks = tree.node_depths[1:].to(guesses.device), tree.node_ranks[1:].to(guesses.device)
-    return torch.cat([root_token.view(1), guesses[depths - 1, ranks]])
+    return tree_tokens(tree, root_token, guesses)
 
 
 def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree, lookup_chain: torch.Tensor | None = None) -> DraftTree:

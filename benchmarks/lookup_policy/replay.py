@@ -38,7 +38,7 @@ from calibrate_tree import random_prefix, timed_step  # noqa: E402
 
 from medusa_lite.cache import reserved_cache  # noqa: E402
 from medusa_lite.cli import set_threads  # noqa: E402
-from medusa_lite.generate import accepted_path, generate  # noqa: E402
+from medusa_lite.generate import accepted_path, generate, tree_tokens  # noqa: E402
 from medusa_lite.loading import load  # noqa: E402
 from medusa_lite.lookup import draft_tree, graft_chain, latest_match  # noqa: E402
 from medusa_lite.prepack import prepack_linears  # noqa: E402
@@ -132,10 +132,9 @@ def replay_one(record: dict, tree: Tree, chain_lengths: dict[int, int], cost) ->
     while new_tokens < total:
         room = min(MAX_NEW_TOKENS - new_tokens - 1, total - new_tokens)
         step_tree = tree.pruned(room)
-        head_tokens = guesses[position - prompt_len][step_tree.node_depths[1:] - 1, step_tree.node_ranks[1:]]
         n, follow = latest_match(sequence[: position + 1])
         chain = sequence[follow : follow + min(chain_lengths.get(n, 0), room)] if follow is not None else sequence[:0]
-        draft = graft_chain(draft_tree(step_tree, torch.cat([sequence[position].view(1), head_tokens])), chain)
+        draft = graft_chain(draft_tree(step_tree, tree_tokens(step_tree, sequence[position], guesses[position - prompt_len])), chain)
         target_tokens = sequence[torch.clamp(position + 1 + draft.node_depths, max=sequence.numel() - 1)]
         accepted = accepted_path(draft, draft.tokens, target_tokens).numel() - 1
         new_tokens, position, calls = new_tokens + accepted + 1, position + accepted + 1, calls + 1
