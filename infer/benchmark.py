@@ -12,9 +12,10 @@ thermal state); one warm-up run of each comes first.
 - ``plain``: ``model.generate(do_sample=False)``.
 - ``pld``: transformers' prompt-lookup decoding, ``prompt_lookup_num_tokens=10``.
 - ``medusa``: :func:`medusa_lite.generate` with the model's tree (see ``medusa_lite.load``) and
-  prompt-lookup guesses grafted onto it (``--lookup-tokens``, the library's default).
-- ``heads``: the same with the heads' tree only (``lookup_tokens=0``), to show what each
-  source of guesses contributes. ``--methods`` picks a subset (``plain`` always runs: it is
+  prompt-lookup guesses grafted onto it (``--lookup-tokens``, the library's default), or the
+  datastore's where the text has no match (``--datastore-tokens``, the library's default).
+- ``no_datastore``: the same without the datastore; ``heads``: the heads' tree only (no
+  lookups), to show what each source of guesses contributes. ``--methods`` picks a subset (``plain`` always runs: it is
   the reference).
 
 All methods share one model, whose linear weights ``medusa_lite.load`` pre-packs on CPU in fp32
@@ -45,7 +46,7 @@ from tqdm import tqdm
 
 from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, prepack_choice, set_threads, timed
 from medusa_lite.errors import MedusaError
-from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, generate
+from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.loading import DTYPES, load, tree_of
 from medusa_lite.model import MedusaModel
 from medusa_lite.sampling import SamplingSettings
@@ -59,9 +60,9 @@ DEFAULT_QUICK = 26
 PLD_NUM_TOKENS = 10
 WARMUP_TOKENS = 16
 PROGRESS_FILE = "progress.jsonl"  # one line per finished question, written as the run goes
-METHODS = ("plain", "pld", "medusa", "heads")
-LABELS = {"plain": "plain generate", "pld": "prompt lookup (PLD)", "medusa": "medusa-lite", "heads": "medusa-lite, heads only"}
-SHORT = {"pld": "PLD", "medusa": "medusa", "heads": "heads only"}
+METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")
+LABELS = {"plain": "plain generate", "pld": "prompt lookup (PLD)", "medusa": "medusa-lite", "no_datastore": "medusa-lite, no datastore", "heads": "medusa-lite, heads only"}
+SHORT = {"pld": "PLD", "medusa": "medusa", "no_datastore": "no datastore", "heads": "heads only"}
 OVERALL = "overall"
 GREEDY = SamplingSettings()
 
@@ -103,12 +104,14 @@ class Result:
     steps: int = 0  # medusa only: verification steps
     accepted_at_depth: list[int] = field(default_factory=list)  # medusa only
     lookup_steps: int = 0  # medusa only: steps that accepted a lookup-only guess
+    datastore_steps: int = 0  # medusa only: of those, steps whose lookup chain came from the datastore
 
 
 @dataclass(frozen=True)
 class MedusaSettings:
     tree: Tree
     lookup_tokens: int
+    datastore_tokens: int = DEFAULT_DATASTORE_TOKENS
 
 
 class CallCounter:
@@ -142,22 +145,26 @@ def run_pld(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, se
     return run_hf(model, input_ids, max_new_tokens, prompt_lookup_num_tokens=PLD_NUM_TOKENS)
 
 
-def run_medusa_with(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree, lookup_tokens: int) -> Result:
-    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, tree=tree, lookup_tokens=lookup_tokens))
+def run_medusa_with(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree, lookup_tokens: int, datastore_tokens: int) -> Result:
+    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, tree=tree, lookup_tokens=lookup_tokens, datastore_tokens=datastore_tokens))
     stats = output.stats
     new = output.sequences[0, input_ids.shape[1] :].tolist()
-    return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), stats.lookup_steps)
+    return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), stats.lookup_steps, stats.datastore_steps)
 
 
 def run_medusa(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
-    return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, settings.lookup_tokens)
+    return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, settings.lookup_tokens, settings.datastore_tokens)
+
+
+def run_no_datastore(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+    return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, settings.lookup_tokens, datastore_tokens=0)
 
 
 def run_heads(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
-    return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, lookup_tokens=0)
+    return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, lookup_tokens=0, datastore_tokens=0)
 
 
-RUNNERS: dict[str, Callable[..., Result]] = {"plain": run_plain, "pld": run_pld, "medusa": run_medusa, "heads": run_heads}
+RUNNERS: dict[str, Callable[..., Result]] = {"plain": run_plain, "pld": run_pld, "medusa": run_medusa, "no_datastore": run_no_datastore, "heads": run_heads}
 
 
 def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -182,6 +189,7 @@ def question_record(question: dict, order: Sequence[str], results: dict[str, Res
             "steps": result.steps,
             "accepted_at_depth": result.accepted_at_depth,
             "lookup_steps": result.lookup_steps,
+            "datastore_steps": result.datastore_steps,
         }
     return {"question_id": question["question_id"], "category": question["category"], "order": list(order), "methods": methods}
 
@@ -205,6 +213,7 @@ def method_summary(records: Sequence[dict], method: str) -> dict:
     if steps:
         summary["steps"] = steps
         summary["lookup_step_fraction"] = sum(run.get("lookup_steps", 0) for run in runs) / steps
+        summary["datastore_step_fraction"] = sum(run.get("datastore_steps", 0) for run in runs) / steps
         depth = max(len(run["accepted_at_depth"]) for run in runs)
         accepted = [sum(run["accepted_at_depth"][d] for run in runs if d < len(run["accepted_at_depth"])) for d in range(depth)]
         summary["acceptance_rate_by_depth"] = [count / steps for count in accepted]
@@ -289,6 +298,9 @@ def build_parser() -> argparse.ArgumentParser:
     subset.add_argument("--full", action="store_true", help="all questions")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS, help="prompt-lookup guesses per step for 'medusa' (0 = heads only)")
+    parser.add_argument(
+        "--datastore-tokens", type=int, default=DEFAULT_DATASTORE_TOKENS, help="datastore guesses per step for 'medusa' where the text has no match (0 = none)"
+    )
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to run (plain always runs)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
@@ -304,11 +316,12 @@ def run_benchmark(
     max_new_tokens: int,
     methods: Sequence[str] = METHODS,
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
+    datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
     on_record: Callable[[dict], None] | None = None,
 ) -> list[dict]:
     """One record per question (see :func:`question_record`); ``on_record`` gets each as soon as it is measured."""
     methods = [method for method in METHODS if method in set(methods) | {"plain"}]
-    settings = MedusaSettings(tree_of(model), lookup_tokens)
+    settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens)
     prompts = [chat_input_ids(tokenizer, question["turns"][0]).to(model.device) for question in questions]
     for method in methods:  # warm-up
         RUNNERS[method](model, prompts[0], WARMUP_TOKENS, settings)
@@ -359,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         questions = read_questions(args.questions)
         questions = questions if args.full else stratified_subset(questions, args.quick)
         progress = progress_writer(Path(args.out) / PROGRESS_FILE)
-        records = run_benchmark(model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens, on_record=progress)
+        records = run_benchmark(model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens, args.datastore_tokens, on_record=progress)
     except MedusaError as error:
         print(f"benchmark: error: {error}", file=sys.stderr)
         return EXIT_USAGE_ERROR
@@ -373,6 +386,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_new_tokens": args.max_new_tokens,
         "pld_num_tokens": PLD_NUM_TOKENS,
         "lookup_tokens": args.lookup_tokens,
+        "datastore_tokens": args.datastore_tokens,
+        "datastore_answers": model.datastore.num_documents if model.datastore is not None else 0,
         "tree_nodes": tree.num_nodes,
         "tree": [list(path) for path in tree.paths],
         "machine": machine_info(model.base_model.dtype, model.base_model),

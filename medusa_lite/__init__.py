@@ -1,5 +1,6 @@
 """medusa-lite: exact Medusa-style speculative decoding for Hugging Face causal LMs."""
 
+from medusa_lite.datastore import Datastore, DatastoreError
 from medusa_lite.errors import (
     DraftVocabError,
     GenerationInputError,
@@ -17,6 +18,8 @@ from medusa_lite.sampling import SamplingSettings, logits_to_probs
 from medusa_lite.tree import Tree, best_tree, default_tree
 
 __all__ = [
+    "Datastore",
+    "DatastoreError",
     "DraftVocabError",
     "GenerationInputError",
     "GenerationOutput",

@@ -26,7 +26,7 @@ import transformers
 from transformers import TextStreamer
 
 from medusa_lite.errors import MedusaError
-from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, generate
+from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.loading import DTYPES, load, tree_of
 from medusa_lite.prepack import prepack_backend, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
@@ -122,6 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS, help=f"prompt-lookup guesses added to the tree per step (0 = heads only; default {DEFAULT_LOOKUP_TOKENS})"
     )
+    parser.add_argument(
+        "--datastore-tokens",
+        type=int,
+        default=DEFAULT_DATASTORE_TOKENS,
+        help=f"guesses per step from the datastore beside the heads, where the text has no match (0 = none; default {DEFAULT_DATASTORE_TOKENS})",
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
@@ -169,7 +175,19 @@ def run(args: argparse.Namespace) -> None:
 
     def medusa_run(max_new_tokens: int, streamer=None):
         generator = torch.Generator(device=model.device).manual_seed(args.seed)
-        return generate(model, input_ids, max_new_tokens, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, tree=tree, lookup_tokens=args.lookup_tokens, streamer=streamer, generator=generator)
+        return generate(
+            model,
+            input_ids,
+            max_new_tokens,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            tree=tree,
+            lookup_tokens=args.lookup_tokens,
+            datastore_tokens=args.datastore_tokens,
+            streamer=streamer,
+            generator=generator,
+        )
 
     def plain_run(max_new_tokens: int):
         torch.manual_seed(args.seed)

@@ -23,7 +23,8 @@ import torch
 
 from medusa_lite.cache import reserved_cache
 from medusa_lite.errors import GenerationInputError
-from medusa_lite.lookup import LOOKUP_TOKENS_PER_MATCHED_TOKEN, DraftTree, draft_tree, graft_chain, prompt_lookup
+from medusa_lite.datastore import Datastore, datastore_continuation
+from medusa_lite.lookup import LOOKUP_TOKENS_PER_MATCHED_TOKEN, DraftTree, draft_tree, graft_chain, latest_match
 from medusa_lite.model import MedusaModel, check_tree_attention_supported, text_config
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import Tree, as_tree, check_topk_fits
@@ -34,6 +35,12 @@ from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 # 3-token chain while verifying 4+ rows cost ~1.5x a one-token step (MKL); with the row_gemm kernel
 # up to 8 rows cost ~1.2-1.3x, and 6 (for 3-token matches) won the replay in medusa_lite.lookup.
 DEFAULT_LOOKUP_TOKENS = 6
+# Most datastore guesses per step (medusa_lite.datastore), used when the text itself has no match
+# of TRUSTED_MATCH_TOKENS tokens; 0 = no datastore. Replay (benchmarks/lookup_policy/, 120 held-out
+# self-distilled prompts): 3/4/5 tokens predict 1.893/1.907/1.895x.
+DEFAULT_DATASTORE_TOKENS = 4
+# A prompt-lookup match this long is preferred to the datastore (replay: 2 beat 3 and 1).
+TRUSTED_MATCH_TOKENS = 2
 
 
 @dataclass
@@ -50,7 +57,8 @@ class GenerationStats:
     target_calls: int = 0
     tokens_per_step: list[int] = field(default_factory=list)  # per verification step, bonus included
     accepted_at_depth: list[int] = field(default_factory=list)  # [d-1]: steps that accepted a guess at depth d
-    lookup_steps: int = 0  # steps whose accepted path used a guess only the prompt lookup made
+    lookup_steps: int = 0  # steps whose accepted path used a guess only a lookup (prompt or datastore) made
+    datastore_steps: int = 0  # of those, steps whose lookup chain came from the datastore
 
     @property
     def steps(self) -> int:
@@ -75,6 +83,7 @@ class GenerationStats:
             "accepted_at_depth": list(self.accepted_at_depth),
             "acceptance_rate_by_depth": self.acceptance_rate_by_depth,
             "lookup_steps": self.lookup_steps,
+            "datastore_steps": self.datastore_steps,
             "tree_nodes": self.tree_nodes,
             "tree_depth": self.tree_depth,
         }
@@ -107,6 +116,23 @@ def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, 
     if lookup_chain is None or lookup_chain.numel() == 0:
         return draft
     return graft_chain(draft, lookup_chain)
+
+
+def lookup_chain(history: torch.Tensor, lookup_tokens: int, datastore: Datastore | None, datastore_tokens: int) -> tuple[torch.Tensor, bool]:
+    """(guesses for the tokens after the root, whether they came from the datastore).
+
+    The text's own latest n-gram match (prompt lookup, at most 2 guesses per matched token) when it
+    has one of ``TRUSTED_MATCH_TOKENS`` tokens or more (and prompt lookup is on); otherwise the datastore's continuation,
+    when it has one; otherwise the shorter prompt-lookup match, if any.
+    """
+    n, follow = latest_match(history)
+    if (lookup_tokens <= 0 or n < TRUSTED_MATCH_TOKENS) and datastore is not None and datastore_tokens > 0:
+        stored = datastore_continuation(datastore, history, datastore_tokens)
+        if stored.numel():
+            return stored, True
+    if follow is None or lookup_tokens <= 0:
+        return history[:0], False
+    return history[follow : follow + min(lookup_tokens, LOOKUP_TOKENS_PER_MATCHED_TOKEN * n)], False
 
 
 # -- accept ------------------------------------------------------------------------------------
@@ -157,9 +183,18 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
         raise GenerationInputError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
 
 
-def check_lookup_tokens(lookup_tokens: int) -> None:
+def check_lookup_tokens(lookup_tokens: int, name: str = "lookup_tokens") -> None:
     if isinstance(lookup_tokens, bool) or not isinstance(lookup_tokens, int) or lookup_tokens < 0:
-        raise GenerationInputError(f"lookup_tokens must be an integer >= 0 (0 turns prompt lookup off), got {lookup_tokens!r}")
+        raise GenerationInputError(f"{name} must be an integer >= 0 (0 turns that lookup off), got {lookup_tokens!r}")
+
+
+def check_datastore(datastore: Datastore | None, vocab_size: int) -> None:
+    if datastore is None:
+        return
+    if not isinstance(datastore, Datastore):
+        raise GenerationInputError(f"datastore must be a medusa_lite.Datastore or None, got {type(datastore).__name__}")
+    if datastore.vocab_size != vocab_size:
+        raise GenerationInputError(f"the datastore was built for a vocabulary of {datastore.vocab_size} ids, the model has {vocab_size}")
 
 
 def context_limit(model: MedusaModel) -> int | None:
@@ -206,13 +241,14 @@ def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, b
     return tokens[: int(hits[0]) + 1], True
 
 
-def record_step(stats: GenerationStats, accepted_guesses: int, used_lookup: bool) -> None:
+def record_step(stats: GenerationStats, accepted_guesses: int, used_lookup: bool, from_datastore: bool = False) -> None:
     """Count one verification step (lookup chains may reach deeper than the heads' tree)."""
     stats.accepted_at_depth.extend([0] * (accepted_guesses - len(stats.accepted_at_depth)))
     for depth in range(accepted_guesses):
         stats.accepted_at_depth[depth] += 1
     stats.tokens_per_step.append(accepted_guesses + 1)
     stats.lookup_steps += used_lookup
+    stats.datastore_steps += used_lookup and from_datastore
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -227,6 +263,8 @@ def generate(
     top_p: float | None = None,
     tree: Tree | Iterable[Sequence[int]] | None = None,
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
+    datastore: Datastore | None | bool = True,
+    datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
     eos_token_id: int | Sequence[int] | None = None,
     streamer=None,
     generator: torch.Generator | None = None,
@@ -238,6 +276,9 @@ def generate(
     sampling distribution. ``tree`` is a :class:`Tree` or a list of top-k rank paths (default:
     ``model.tree``). ``lookup_tokens``: the most prompt-lookup guesses grafted onto the tree each
     step (copied from the prompt and the text so far, at most 2 per matched token; 0 = heads only).
+    ``datastore``: where to look when the text has no 2-token match (:mod:`medusa_lite.datastore`):
+    True = ``model.datastore`` (the one shipped beside the heads, if any), a :class:`Datastore`,
+    or False/None for none; ``datastore_tokens``: the most guesses it adds per step (0 = none).
     ``streamer`` receives the prompt, then each step's accepted tokens (e.g.
     ``transformers.TextStreamer``). Generation stops at any of ``eos_token_id`` (default: the
     model's), included in the output.
@@ -245,6 +286,11 @@ def generate(
     settings = SamplingSettings(temperature, top_k, top_p)
     check_max_new_tokens(max_new_tokens)
     check_lookup_tokens(lookup_tokens)
+    check_lookup_tokens(datastore_tokens, "datastore_tokens")
+    if datastore is True:
+        datastore = model.datastore
+    datastore = datastore or None
+    check_datastore(datastore, model.config.vocab_size)
     check_tree_attention_supported(model.base_model)
     prompt = as_prompt(input_ids, model.device)
     check_token_ids(prompt, model.config.vocab_size)
@@ -271,7 +317,7 @@ def generate(
     finished = max_new_tokens == 0
     if not finished:
         # Room for the whole generation: the prompt, every new token and the widest step's tree.
-        cache = reserved_cache(model, prompt.numel() + max_new_tokens + full_tree.num_nodes + lookup_tokens)
+        cache = reserved_cache(model, prompt.numel() + max_new_tokens + full_tree.num_nodes + max(lookup_tokens, datastore_tokens))
         # Only the last position's logits are needed (as in transformers' generate): the lm_head
         # over a long prompt would otherwise cost more than several decoding steps.
         prefill = model.target_forward(prompt[None], cache=cache, use_cache=True, logits_to_keep=1)
@@ -284,7 +330,7 @@ def generate(
         # Never guess past max_new_tokens: a step commits at most depth + 1 tokens.
         room = max_new_tokens - stats.new_tokens - 1
         prefix_len = cache.get_seq_length()
-        chain = prompt_lookup(history, min(lookup_tokens, room), tokens_per_matched_token=LOOKUP_TOKENS_PER_MATCHED_TOKEN)
+        chain, from_datastore = lookup_chain(history, min(lookup_tokens, room), datastore, min(datastore_tokens, room))
         draft = propose(model, hidden, root, full_tree.pruned(room), chain)
         verified = verify_tree(model, cache, draft, draft.tokens)
         stats.target_calls += 1
@@ -293,7 +339,7 @@ def generate(
         keep_accepted_in_cache(cache, prefix_len, path)
         root = target_tokens[path[-1:]]
         hidden = verified.hidden[path[-1]]
-        record_step(stats, path.numel() - 1, bool(draft.from_lookup[path.cpu()].any()))
+        record_step(stats, path.numel() - 1, bool(draft.from_lookup[path.cpu()].any()), from_datastore)
         finished = commit(torch.cat([draft.tokens[path[1:]], root]))
 
     sequences = history[None]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, ModelCardData
 
+from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.errors import HeadsFileError
 from medusa_lite.heads import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig, MedusaHeads
 
@@ -37,8 +38,8 @@ _REPO_ID = re.compile(r"^(?:[A-Za-z0-9][\w.-]*/)?[A-Za-z0-9][\w.-]*$")
 _KNOWN_SUMMARY_KEYS = ("data", "steps", "top1_accuracy", "topk_accuracy", "mean_accepted_tokens")
 
 
-def model_card(config: MedusaConfig, *, repo_id: str | None = None) -> str:
-    """The ``README.md`` (YAML metadata + Markdown) describing heads with this config."""
+def model_card(config: MedusaConfig, *, repo_id: str | None = None, datastore: Datastore | None = None) -> str:
+    """The ``README.md`` (YAML metadata + Markdown) describing heads with this config (and the datastore uploaded with them)."""
     base = config.base_model_name_or_path
     card_data = ModelCardData(
         library_name=LIBRARY_NAME,
@@ -46,7 +47,7 @@ def model_card(config: MedusaConfig, *, repo_id: str | None = None) -> str:
         base_model_relation="adapter" if _is_hub_model_id(base) else None,
         tags=list(TAGS),
     )
-    sections = [_overview(config), _usage(config, repo_id), _training(config.training_summary or {})]
+    sections = [_overview(config), _usage(config, repo_id), _datastore(datastore), _training(config.training_summary or {})]
     content = f"---\n{card_data.to_yaml()}\n---\n\n" + "\n\n".join(s for s in sections if s) + "\n"
     return str(ModelCard(content, ignore_metadata_errors=False))
 
@@ -64,8 +65,9 @@ def push_heads_to_hub(
     """Upload heads (a :class:`MedusaHeads` or a folder saved by it) with a model card, in one commit.
 
     Creates the repo if needed (``exist_ok``) and the branch ``revision`` if given. A folder must
-    hold ``config.json`` and ``model.safetensors`` that load strictly; only those two files and
-    a freshly generated ``README.md`` are uploaded (other files in the folder are left alone).
+    hold ``config.json`` and ``model.safetensors`` that load strictly; those two files, the
+    folder's ``datastore.safetensors`` if it has one (checked to load, for the heads' vocabulary)
+    and a freshly generated ``README.md`` are uploaded (other files in the folder are left alone).
     ``endpoint`` defaults to ``HF_ENDPOINT`` / https://huggingface.co. Returns the commit URL.
     """
     api = HfApi(endpoint=endpoint, token=token)
@@ -79,16 +81,20 @@ def push_heads_to_hub(
             config = _check_heads_folder(folder)
         else:
             raise TypeError(f"push_heads_to_hub expects MedusaHeads or a heads folder path, got {type(heads_or_dir).__name__}")
+        datastore_path = folder / DATASTORE_FILE_NAME if (folder / DATASTORE_FILE_NAME).is_file() else None
+        datastore = Datastore.load(datastore_path, config.vocab_size) if datastore_path is not None else None  # refuse a bad file before any upload
 
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
         if revision is not None:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
-        card = model_card(config, repo_id=repo_id).encode("utf-8")
+        card = model_card(config, repo_id=repo_id, datastore=datastore).encode("utf-8")
         operations = [
             CommitOperationAdd(path_in_repo=CONFIG_NAME, path_or_fileobj=str(folder / CONFIG_NAME)),
             CommitOperationAdd(path_in_repo=WEIGHTS_NAME, path_or_fileobj=str(folder / WEIGHTS_NAME)),
             CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card),
         ]
+        if datastore_path is not None:
+            operations.append(CommitOperationAdd(path_in_repo=DATASTORE_FILE_NAME, path_or_fileobj=str(datastore_path)))
         commit = api.create_commit(repo_id, operations, commit_message=commit_message, revision=revision)
     return commit.commit_url
 
@@ -195,6 +201,20 @@ def _usage(config: MedusaConfig, repo_id: str | None) -> str:
             "print(out.stats.mean_accepted_tokens)",
             "```",
         ]
+    )
+
+
+def _datastore(datastore: Datastore | None) -> str:
+    if datastore is None:
+        return ""
+    tokens = datastore.tokens.numel() - datastore.num_documents
+    return (
+        "## Datastore\n\n"
+        f"`{DATASTORE_FILE_NAME}` holds {tokens:,} tokens of {datastore.num_documents:,} answers of the base model "
+        "(the heads' training split). Where the text being generated has no earlier match of its last tokens, "
+        "medusa-lite guesses what followed the same tokens in these answers; the base model verifies those guesses "
+        "like any other, so outputs stay exact. `medusa_lite.load(model, heads=...)` picks the file up; "
+        "`generate(..., datastore=False)` decodes without it."
     )
 
 

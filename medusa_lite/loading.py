@@ -11,6 +11,9 @@ Which tree the returned model decodes with (``model.tree``), first match wins:
    ran on (rerun it on yours: it overwrites that file);
 3. :func:`default_tree_for` the heads: ``training_summary["tree"]``, else Medusa's greedy
    construction from ``training_summary["topk_accuracy"]``, else :func:`default_tree`.
+
+The datastore (``model.datastore``, :mod:`medusa_lite.datastore`): ``datastore.safetensors``
+next to the heads when there is one, unless ``datastore=`` names another file or is False.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntr
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from medusa_lite.attention import TREE_SDPA
+from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import MedusaHeads
@@ -42,6 +46,7 @@ ATTN_IMPLEMENTATION = TREE_SDPA
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 TreeSpec = Tree | Iterable[Sequence[int]] | str | os.PathLike | None
+DatastoreSpec = Datastore | str | os.PathLike | bool | None
 
 
 class MissingHeadsError(MedusaError, FileNotFoundError):
@@ -77,16 +82,33 @@ def write_tree_file(path: str | os.PathLike, tree: Tree, notes: dict) -> Path:
     return path
 
 
-def find_tree_file(heads_source: str | os.PathLike) -> Path | None:
-    """``tree.json`` beside the heads (a local folder or a Hub repo), or None when there is none."""
+def find_beside_heads(heads_source: str | os.PathLike, file_name: str) -> Path | None:
+    """``file_name`` beside the heads (a local folder or a Hub repo), or None when there is none."""
     source = str(heads_source)
     if os.path.isdir(source):
-        path = Path(source) / TREE_FILE_NAME
+        path = Path(source) / file_name
         return path if path.is_file() else None
     try:
-        return Path(hf_hub_download(source, TREE_FILE_NAME))
+        return Path(hf_hub_download(source, file_name))
     except (EntryNotFoundError, LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
         return None
+
+
+def find_tree_file(heads_source: str | os.PathLike) -> Path | None:
+    """``tree.json`` beside the heads, or None when there is none."""
+    return find_beside_heads(heads_source, TREE_FILE_NAME)
+
+
+def resolve_datastore(datastore: DatastoreSpec, heads_source: str | os.PathLike | None, vocab_size: int) -> Datastore | None:
+    """A :class:`Datastore` as given, read from a path, found beside the heads (``True``), or none (``False``/``None``)."""
+    if datastore is None or datastore is False:
+        return None
+    if isinstance(datastore, Datastore):
+        return datastore
+    if datastore is True:
+        path = find_beside_heads(heads_source, DATASTORE_FILE_NAME) if heads_source is not None else None
+        return Datastore.load(path, vocab_size) if path is not None else None
+    return Datastore.load(datastore, vocab_size)
 
 
 def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: str | os.PathLike | None) -> Tree:
@@ -174,6 +196,7 @@ def load(
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
     tree: TreeSpec = None,
+    datastore: DatastoreSpec = True,
     prepack: bool | None = None,
 ) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
     """``(MedusaModel, tokenizer)`` ready for :func:`medusa_lite.generate`; ``model.tree`` is its tree.
@@ -182,7 +205,9 @@ def load(
 
     ``model``: a local folder or Hub id of a causal LM (None: the default SmolLM2-135M-Instruct).
     ``heads``: a heads folder, Hub repo or :class:`MedusaHeads` (None: the heads shipped for the
-    default model). ``tree``: see the module docstring.
+    default model). ``tree``: see the module docstring. ``datastore``: True = ``datastore.safetensors``
+    beside the heads when there is one (:mod:`medusa_lite.datastore`), a path or
+    :class:`Datastore`, or False for none.
 
     ``prepack``: pack the target's linear weights for few-row products, up to the tree + the
     default lookup chain (:mod:`medusa_lite.prepack`: the row_gemm kernel, else MKL; measured over
@@ -195,6 +220,7 @@ def load(
         source = heads_source_for(model, heads)
         heads_module = MedusaHeads.from_pretrained(source)
     base, tokenizer = load_target(model, dtype, device)
-    medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source)).eval()
+    store = resolve_datastore(datastore, source, heads_module.config.vocab_size)
+    medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store).eval()
     prepack_for_tree(medusa.base_model, medusa.tree, prepack)
     return medusa, tokenizer

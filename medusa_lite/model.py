@@ -16,6 +16,7 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from medusa_lite.attention import TREE_SDPA
+from medusa_lite.datastore import Datastore
 from medusa_lite.errors import IncompatibleHeadsError, TreeError, UnsupportedModelError
 from medusa_lite.heads import DraftLMHead, MedusaConfig, MedusaHeads
 from medusa_lite.tree import Tree, as_tree, tree_for_heads
@@ -75,6 +76,12 @@ def check_heads_fit(base_model: PreTrainedModel, config: MedusaConfig) -> None:
         )
 
 
+def check_datastore_fits(base_model: PreTrainedModel, datastore: Datastore | None) -> None:
+    vocab_size = base_model.get_output_embeddings().weight.shape[0]
+    if datastore is not None and datastore.vocab_size != vocab_size:
+        raise IncompatibleHeadsError(f"the datastore was built for a vocabulary of {datastore.vocab_size} ids, the target model has {vocab_size}")
+
+
 def check_tree_attention_supported(base_model: PreTrainedModel) -> None:
     implementation = getattr(base_model.config, "_attn_implementation", None) or "eager"
     if implementation not in TREE_CAPABLE_ATTENTION:
@@ -88,7 +95,8 @@ class MedusaModel(nn.Module):
     """A frozen causal LM plus K Medusa heads reading its last hidden state.
 
     ``tree`` is the candidate tree ``generate`` uses when given none (like a generation config):
-    by default the one the heads' training summary suggests. The model holds no decoding state:
+    by default the one the heads' training summary suggests. ``datastore`` (read-only, like the
+    tree) is where ``generate`` looks up guesses the text itself has no match for. The model holds no decoding state:
     the KV cache and everything else of a generation live in :func:`medusa_lite.generate`.
 
     Heads with a draft vocabulary project through ``draft_lm_head``, the base lm_head's rows of
@@ -96,12 +104,14 @@ class MedusaModel(nn.Module):
     the base lm_head or the heads' ids in place, call :meth:`refresh_draft_lm_head`.
     """
 
-    def __init__(self, base_model: PreTrainedModel, heads: MedusaHeads, *, tree=None, freeze_base: bool = True):
+    def __init__(self, base_model: PreTrainedModel, heads: MedusaHeads, *, tree=None, datastore: Datastore | None = None, freeze_base: bool = True):
         super().__init__()
         check_heads_fit(base_model, heads.config)
         self.base_model = base_model
         self.heads = heads
         self.tree: Tree = as_tree(tree, heads.config.num_heads) if tree is not None else tree_for_heads(heads.config.num_heads, heads.config.training_summary)
+        check_datastore_fits(base_model, datastore)
+        self.datastore: Datastore | None = datastore
         if freeze_base:
             base_model.requires_grad_(False)
         parameter = base_model.get_output_embeddings().weight

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import torch
+
 from test_cli import import_infer_script, save_tiny_checkpoint
+
+from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 
 benchmark = import_infer_script("benchmark")
 microbench = import_infer_script("microbench")
@@ -31,7 +35,7 @@ def test_stratified_subset_and_rotation():
     assert len({q["question_id"] for q in subset}) == 26
     assert len(benchmark.stratified_subset(questions, 5)) == 5
     assert benchmark.stratified_subset(QUESTIONS, 10) == [QUESTIONS[0], QUESTIONS[1], QUESTIONS[2]]
-    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == ["plain", "pld", "medusa", "heads", "plain"]
+    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == ["plain", "pld", "medusa", "no_datastore", "heads"]
 
 
 def test_first_difference():
@@ -42,6 +46,9 @@ def test_first_difference():
 
 def test_benchmark_end_to_end_fp32(tmp_path):
     model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
+    vocab_size = json.loads((heads_dir / "config.json").read_text())["vocab_size"]
+    answers = [torch.randint(0, vocab_size, (30,), generator=torch.Generator().manual_seed(seed)) for seed in range(5)]
+    Datastore.from_documents(answers, vocab_size).save(heads_dir / DATASTORE_FILE_NAME)
     questions_file = tmp_path / "questions.jsonl"
     questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     out = tmp_path / "bench"
@@ -58,6 +65,8 @@ def test_benchmark_end_to_end_fp32(tmp_path):
     assert set(results["summary"]) == {"writing", "qa", "overall"}
     assert overall["plain"]["mean_accepted_tokens"] == 1.0 and overall["plain"]["speedup"] == 1.0
     assert overall["medusa"]["identical_fraction"] == 1.0 and overall["heads"]["identical_fraction"] == 1.0
+    assert overall["no_datastore"]["identical_fraction"] == 1.0 and overall["no_datastore"]["datastore_step_fraction"] == 0.0
+    assert results["datastore_answers"] == len(answers) and 0.0 <= overall["medusa"]["datastore_step_fraction"] <= overall["medusa"]["lookup_step_fraction"]
     assert 0.0 <= overall["medusa"]["lookup_step_fraction"] <= 1.0 and overall["heads"]["lookup_step_fraction"] == 0.0
     assert overall["medusa"]["mean_accepted_tokens"] >= 1.0 and overall["pld"]["mean_accepted_tokens"] >= 1.0
     assert len(overall["heads"]["acceptance_rate_by_depth"]) == max(len(path) for path in results["tree"])

@@ -22,7 +22,8 @@ import pytest
 import torch
 import yaml
 
-from medusa_lite import HeadsFileError, MedusaConfig, MedusaHeads
+from medusa_lite import Datastore, DatastoreError, HeadsFileError, MedusaConfig, MedusaHeads
+from medusa_lite.datastore import DATASTORE_FILE_NAME
 from medusa_lite.hub import model_card, push_heads_to_hub
 from hub_server import DEFAULT_USER, HubServer
 
@@ -86,10 +87,10 @@ def loopback_env(hub: HubServer, home: Path) -> dict[str, str]:
     return env
 
 
-def assert_pushed(hub: HubServer, repo_id: str, folder: Path, revision: str = "main") -> dict[str, bytes]:
+def assert_pushed(hub: HubServer, repo_id: str, folder: Path, revision: str = "main", extra: tuple[str, ...] = ()) -> dict[str, bytes]:
     files = hub.files(repo_id, revision)
-    assert sorted(files) == ["README.md", "config.json", "model.safetensors"]
-    for name in ("config.json", "model.safetensors"):
+    assert sorted(files) == sorted(["README.md", "config.json", "model.safetensors", *extra])
+    for name in ("config.json", "model.safetensors", *extra):
         assert files[name] == (folder / name).read_bytes(), f"{name} changed on the way to the Hub"
     return files
 
@@ -165,6 +166,11 @@ def test_push_with_endpoint_argument(saved_heads, monkeypatch):
         # Pushing again to the existing repo is a second commit, not an error.
         push_heads_to_hub(folder, "bob/heads", endpoint=hub.url, token=TOKEN)
         assert len(hub.repos["bob/heads"].commits) == 2
+        # A folder's datastore travels with its heads.
+        Datastore.from_documents([torch.tensor([1, 2, 3])], heads.config.vocab_size).save(folder / DATASTORE_FILE_NAME)
+        push_heads_to_hub(folder, "bob/heads-with-datastore", endpoint=hub.url, token=TOKEN)
+        files = assert_pushed(hub, "bob/heads-with-datastore", folder, extra=(DATASTORE_FILE_NAME,))
+        assert "## Datastore" in files["README.md"].decode() and "3 tokens of 1 answers" in files["README.md"].decode()
 
 
 @pytest.mark.parametrize("missing", ["model.safetensors", "config.json"])
@@ -179,6 +185,11 @@ def test_unloadable_folder_is_refused_before_any_upload(saved_heads, tmp_path):
     _, folder = saved_heads
     (folder / "model.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(HeadsFileError, match="could not be read as safetensors"):
+        push_heads_to_hub(folder, "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN)
+    (folder / "model.safetensors").unlink()
+    saved_heads[0].save_pretrained(folder)
+    Datastore.from_documents([torch.tensor([1, 2, 3])], 50).save(folder / DATASTORE_FILE_NAME)
+    with pytest.raises(DatastoreError, match="vocabulary of 50 ids, the model has 16"):
         push_heads_to_hub(folder, "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN)
     with pytest.raises(HeadsFileError, match="no such folder"):
         push_heads_to_hub(tmp_path / "nowhere", "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN)

@@ -15,6 +15,7 @@ import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from medusa_lite import MedusaModel, SamplingSettings, Tree, generate, logits_to_probs
+from medusa_lite.datastore import Datastore
 from medusa_lite.generate import accepted_path
 from medusa_lite.sampling import pick_tokens
 from tiny_models import random_heads, tiny_base_model
@@ -70,35 +71,42 @@ def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
     return float(torch.special.gammaincc(torch.tensor(degrees / 2, dtype=torch.float64), statistic / 2))
 
 
-def sample_counts(model, settings, tree, n, seed, lookup_tokens=0):
+def sample_counts(model, settings, tree, n, seed, lookup_tokens=0, datastore=None):
     generator = torch.Generator().manual_seed(seed)
     counts = {}
     for _ in range(n):
         out = generate(
             model, PROMPT, NEW_TOKENS, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-            tree=tree, lookup_tokens=lookup_tokens, generator=generator, eos_token_id=[],
+            tree=tree, lookup_tokens=lookup_tokens, datastore=datastore, generator=generator, eos_token_id=[],
         )
         outcome = tuple(out.sequences[0, PROMPT.shape[1]:].tolist())
         counts[outcome] = counts.get(outcome, 0) + 1
     return counts
 
 
+# Random documents: on 3 tokens every 2-gram occurs, so the datastore proposes whenever the text
+# itself has no 2-token match (the first steps).
+DATASTORE = Datastore.from_documents([torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(seed)) for seed in range(8)], VOCAB)
+
+
 @pytest.mark.parametrize(
-    "settings, tree, lookup_tokens",
+    "settings, tree, lookup_tokens, datastore",
     [
-        (SamplingSettings(1.0), FULL_TREE, 0),
-        (SamplingSettings(0.7), PARTIAL_TREE, 0),
-        (SamplingSettings(0.7, top_k=2), PARTIAL_TREE, 0),
-        (SamplingSettings(1.0, top_p=0.8), FULL_TREE, 0),
+        (SamplingSettings(1.0), FULL_TREE, 0, None),
+        (SamplingSettings(0.7), PARTIAL_TREE, 0, None),
+        (SamplingSettings(0.7, top_k=2), PARTIAL_TREE, 0, None),
+        (SamplingSettings(1.0, top_p=0.8), FULL_TREE, 0, None),
         # Prompt-lookup chains: alone, and grafted onto (partly merging with) the heads' tree.
-        (SamplingSettings(1.0), NO_TREE, 3),
-        (SamplingSettings(0.7), PARTIAL_TREE, 3),
+        (SamplingSettings(1.0), NO_TREE, 3, None),
+        (SamplingSettings(0.7), PARTIAL_TREE, 3, None),
+        # Datastore chains where the text has no 2-token match, prompt lookup elsewhere.
+        (SamplingSettings(0.7), PARTIAL_TREE, 3, DATASTORE),
     ],
-    ids=["T1.0-full-tree", "T0.7-partial-tree", "T0.7-topk2", "T1.0-topp0.8", "T1.0-lookup-only", "T0.7-tree+lookup"],
+    ids=["T1.0-full-tree", "T0.7-partial-tree", "T0.7-topk2", "T1.0-topp0.8", "T1.0-lookup-only", "T0.7-tree+lookup", "T0.7-tree+lookup+datastore"],
 )
-def test_medusa_sampling_matches_exact_target_distribution(model, settings, tree, lookup_tokens):
+def test_medusa_sampling_matches_exact_target_distribution(model, settings, tree, lookup_tokens, datastore):
     exact = exact_distribution(model.base_model, settings)
-    counts = sample_counts(model, settings, tree, NUM_SAMPLES, seed=1, lookup_tokens=lookup_tokens)
+    counts = sample_counts(model, settings, tree, NUM_SAMPLES, seed=1, lookup_tokens=lookup_tokens, datastore=datastore)
     p_value = chi_square_p_value(counts, exact, NUM_SAMPLES)
     assert p_value > ALPHA, f"medusa-lite samples differ from the target's distribution (p={p_value:.2e})"
 

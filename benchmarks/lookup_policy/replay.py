@@ -38,8 +38,9 @@ from calibrate_tree import random_prefix, timed_step  # noqa: E402
 
 from medusa_lite.cache import reserved_cache  # noqa: E402
 from medusa_lite.cli import set_threads  # noqa: E402
-from medusa_lite.generate import accepted_path, generate, tree_tokens  # noqa: E402
-from medusa_lite.loading import load  # noqa: E402
+from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore, datastore_continuation  # noqa: E402
+from medusa_lite.generate import TRUSTED_MATCH_TOKENS, accepted_path, generate, tree_tokens  # noqa: E402
+from medusa_lite.loading import DEFAULT_HEADS_DIR, load  # noqa: E402
 from medusa_lite.lookup import draft_tree, graft_chain, latest_match  # noqa: E402
 from medusa_lite.prepack import prepack_linears  # noqa: E402
 from medusa_lite.training.data import load_training_data  # noqa: E402
@@ -68,6 +69,13 @@ TREES = {
     "8 nodes": [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]],
 }
 CHAIN_LENGTHS = [(l3, l2, l1) for l3, l2, l1 in itertools.product([0, 1, 2, 3, 4, 6, 8], [0, 1, 2, 3, 4, 6], [0, 1, 2, 3]) if l3 >= l2 >= l1]
+# Datastore guesses per step (medusa_lite.datastore; the shipped file holds the training split's
+# answers only), replayed with every tree and the shipped chain lengths.
+SHIPPED_CHAIN = (6, 4, 2)
+DATASTORE_TOKENS = (2, 3, 4, 5, 6, 8)
+POLICIES = [(tree, chain, 0) for tree, chain in itertools.product(TREES, CHAIN_LENGTHS)] + [
+    (tree, SHIPPED_CHAIN, tokens) for tree, tokens in itertools.product(TREES, DATASTORE_TOKENS)
+]
 
 
 # -- collect -----------------------------------------------------------------------------------
@@ -119,7 +127,7 @@ def measure_costs(out: Path) -> None:
 
 
 # -- replay ------------------------------------------------------------------------------------
-def replay_one(record: dict, tree: Tree, chain_lengths: dict[int, int], cost) -> tuple[int, int, float]:
+def replay_one(record: dict, tree: Tree, chain_lengths: dict[int, int], cost, datastore: Datastore | None = None, datastore_tokens: int = 0) -> tuple[int, int, float]:
     """(new tokens, target calls incl. prefill, summed relative step cost) of greedy decoding one record.
 
     Each step builds its candidates with ``generate``'s own functions (the heads' guesses on the
@@ -134,6 +142,9 @@ def replay_one(record: dict, tree: Tree, chain_lengths: dict[int, int], cost) ->
         step_tree = tree.pruned(room)
         n, follow = latest_match(sequence[: position + 1])
         chain = sequence[follow : follow + min(chain_lengths.get(n, 0), room)] if follow is not None else sequence[:0]
+        if n < TRUSTED_MATCH_TOKENS and datastore is not None and datastore_tokens > 0:  # as generate's lookup_chain
+            stored = datastore_continuation(datastore, sequence[: position + 1], min(datastore_tokens, room))
+            chain = stored if stored.numel() else chain
         draft = graft_chain(draft_tree(step_tree, tree_tokens(step_tree, sequence[position], guesses[position - prompt_len])), chain)
         target_tokens = sequence[torch.clamp(position + 1 + draft.node_depths, max=sequence.numel() - 1)]
         accepted = accepted_path(draft, draft.tokens, target_tokens).numel() - 1
@@ -144,6 +155,7 @@ def replay_one(record: dict, tree: Tree, chain_lengths: dict[int, int], cost) ->
 
 def replay(continuations: Path, costs: Path, out: Path) -> None:
     records = torch.load(continuations)
+    datastore = Datastore.load(DEFAULT_HEADS_DIR / DATASTORE_FILE_NAME)
     relative = {int(size): value for size, value in json.loads(costs.read_text())["relative_cost"].items()}
     largest = max(relative)
 
@@ -152,15 +164,23 @@ def replay(continuations: Path, costs: Path, out: Path) -> None:
         return relative[min(fits)] if fits else relative[largest] * rows / largest
 
     rows = []
-    for (name, paths), lengths in itertools.product(TREES.items(), CHAIN_LENGTHS):
-        totals = [replay_one(record, Tree.from_paths(paths), dict(zip((3, 2, 1), lengths)), cost) for record in records]
+    for name, lengths, datastore_tokens in POLICIES:
+        totals = [replay_one(record, Tree.from_paths(TREES[name]), dict(zip((3, 2, 1), lengths)), cost, datastore, datastore_tokens) for record in records]
         new_tokens, calls, summed = (sum(values) for values in zip(*totals))
         plain_steps = new_tokens - len(records)  # tokens after each prefill, one step each
-        rows.append({"tree": name, "chain_for_3_2_1_gram": list(lengths), "mean_accepted_tokens": new_tokens / calls, "predicted_speedup": plain_steps / summed})
+        rows.append(
+            {
+                "tree": name,
+                "chain_for_3_2_1_gram": list(lengths),
+                "datastore_tokens": datastore_tokens,
+                "mean_accepted_tokens": new_tokens / calls,
+                "predicted_speedup": plain_steps / summed,
+            }
+        )
     rows.sort(key=lambda row: -row["predicted_speedup"])
     out.write_text(json.dumps({"records": len(records), "costs": str(costs.name), "results": rows}, indent=1) + "\n")
     for row in rows[:15]:
-        print(f"{row['predicted_speedup']:.3f}x  {row['mean_accepted_tokens']:.2f} tokens/step  {row['tree']:22s} chain {row['chain_for_3_2_1_gram']}")
+        print(f"{row['predicted_speedup']:.3f}x  {row['mean_accepted_tokens']:.2f} tokens/step  {row['tree']:22s} chain {row['chain_for_3_2_1_gram']} datastore {row['datastore_tokens']}")
 
 
 def main() -> None:
