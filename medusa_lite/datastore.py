@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from medusa_lite.errors import MedusaError
 
@@ -104,17 +104,18 @@ class Datastore:
         if not path.is_file():
             raise DatastoreError(f"datastore file {path} does not exist")
         try:
-            tensors = load_file(str(path))
             with safe_open(str(path), framework="pt") as handle:
-                metadata = handle.metadata() or {}
+                metadata, names = handle.metadata() or {}, set(handle.keys())
+                tokens = handle.get_tensor(TOKENS_KEY) if names == {TOKENS_KEY} else None
         except (SafetensorError, OSError, ValueError) as error:
             raise DatastoreError(f"datastore file {path} is corrupt or not a safetensors file: {error}") from error
-        if metadata.get("format") != DATASTORE_FORMAT or TOKENS_KEY not in tensors or set(tensors) != {TOKENS_KEY}:
-            raise DatastoreError(f"{path} is not a medusa-lite datastore (format {metadata.get('format')!r}, tensors {sorted(tensors)})")
-        stored_vocab = int(metadata.get("vocab_size", -1))
+        stored_vocab = metadata.get("vocab_size", "")
+        if metadata.get("format") != DATASTORE_FORMAT or tokens is None or tokens.is_floating_point() or not stored_vocab.isdigit():
+            raise DatastoreError(f"{path} is not a medusa-lite datastore (format {metadata.get('format')!r}, tensors {sorted(names)})")
+        stored_vocab = int(stored_vocab)
         if vocab_size is not None and stored_vocab != vocab_size:
             raise DatastoreError(f"datastore {path} was built for a vocabulary of {stored_vocab} ids, the model has {vocab_size}: build one for this model (train/build_datastore.py)")
-        return cls.from_tokens(tensors[TOKENS_KEY].to(torch.long), stored_vocab)
+        return cls.from_tokens(tokens.to(torch.long), stored_vocab)
 
 
 def max_packed_ngram(vocab_size: int) -> int:

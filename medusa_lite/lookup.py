@@ -63,7 +63,15 @@ def prompt_lookup(
     if max_tokens <= 0:
         return history[:0]
     n, follow = latest_match(history, max_ngram, min_ngram)
-    if follow is None:
+    return copy_after_match(history, n, follow, max_tokens, tokens_per_matched_token)
+
+
+def copy_after_match(history: torch.Tensor, n: int, follow: int | None, max_tokens: int, tokens_per_matched_token: int | None = None) -> torch.Tensor:
+    """The ids after a match of ``n`` tokens found by :func:`latest_match` (``follow``: where they start).
+
+    At most ``max_tokens``, and at most ``tokens_per_matched_token * n`` (None: no such limit); empty without a match.
+    """
+    if follow is None or max_tokens <= 0:
         return history[:0]
     count = max_tokens if tokens_per_matched_token is None else min(max_tokens, tokens_per_matched_token * n)
     return history[follow : follow + count]
