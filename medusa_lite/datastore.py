@@ -112,10 +112,15 @@ class Datastore:
         stored_vocab = metadata.get("vocab_size", "")
         if metadata.get("format") != DATASTORE_FORMAT or tokens is None or tokens.is_floating_point() or not stored_vocab.isdigit():
             raise DatastoreError(f"{path} is not a medusa-lite datastore (format {metadata.get('format')!r}, tensors {sorted(names)})")
-        stored_vocab = int(stored_vocab)
-        if vocab_size is not None and stored_vocab != vocab_size:
-            raise DatastoreError(f"datastore {path} was built for a vocabulary of {stored_vocab} ids, the model has {vocab_size}: build one for this model (train/build_datastore.py)")
-        return cls.from_tokens(tokens.to(torch.long), stored_vocab)
+        datastore = cls.from_tokens(tokens.to(torch.long), int(stored_vocab))
+        if vocab_size is not None:
+            datastore.check_fits(vocab_size)
+        return datastore
+
+    def check_fits(self, vocab_size: int) -> None:
+        """Raise unless the datastore was built for a model with ``vocab_size`` ids."""
+        if self.vocab_size != vocab_size:
+            raise DatastoreError(f"the datastore was built for a vocabulary of {self.vocab_size} ids, the model has {vocab_size}: build one for this model (train/build_datastore.py)")
 
 
 def max_packed_ngram(vocab_size: int) -> int:

@@ -191,8 +191,7 @@ def check_datastore(datastore: Datastore | None, vocab_size: int) -> None:
         return
     if not isinstance(datastore, Datastore):
         raise GenerationInputError(f"datastore must be a medusa_lite.Datastore or None, got {type(datastore).__name__}")
-    if datastore.vocab_size != vocab_size:
-        raise GenerationInputError(f"the datastore was built for a vocabulary of {datastore.vocab_size} ids, the model has {vocab_size}")
+    datastore.check_fits(vocab_size)
 
 
 def context_limit(model: MedusaModel) -> int | None:

@@ -76,12 +76,6 @@ def check_heads_fit(base_model: PreTrainedModel, config: MedusaConfig) -> None:
         )
 
 
-def check_datastore_fits(base_model: PreTrainedModel, datastore: Datastore | None) -> None:
-    vocab_size = base_model.get_output_embeddings().weight.shape[0]
-    if datastore is not None and datastore.vocab_size != vocab_size:
-        raise IncompatibleHeadsError(f"the datastore was built for a vocabulary of {datastore.vocab_size} ids, the target model has {vocab_size}")
-
-
 def check_tree_attention_supported(base_model: PreTrainedModel) -> None:
     implementation = getattr(base_model.config, "_attn_implementation", None) or "eager"
     if implementation not in TREE_CAPABLE_ATTENTION:
@@ -110,7 +104,8 @@ class MedusaModel(nn.Module):
         self.base_model = base_model
         self.heads = heads
         self.tree: Tree = as_tree(tree, heads.config.num_heads) if tree is not None else tree_for_heads(heads.config.num_heads, heads.config.training_summary)
-        check_datastore_fits(base_model, datastore)
+        if datastore is not None:
+            datastore.check_fits(heads.config.vocab_size)  # = the target's, checked just above
         self.datastore: Datastore | None = datastore
         if freeze_base:
             base_model.requires_grad_(False)

@@ -9,7 +9,7 @@ from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import MedusaModel, generate
 from medusa_lite.datastore import DATASTORE_FILE_NAME, SEPARATOR, Datastore, DatastoreError, datastore_continuation, max_packed_ngram
-from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
+from medusa_lite.errors import GenerationInputError
 from medusa_lite.generate import lookup_chain
 from medusa_lite.loading import load
 
@@ -137,10 +137,10 @@ def test_lookup_chain_prefers_a_two_token_text_match_to_the_datastore():
 def test_wrong_datastore_is_a_clear_error():
     base = tiny_base_model("llama", vocab_size=VOCAB, seed=3)
     heads = random_heads(base, num_heads=2, seed=4)
-    with pytest.raises(IncompatibleHeadsError, match="vocabulary of 50 ids"):
+    with pytest.raises(DatastoreError, match="vocabulary of 50 ids, the model has 24"):
         MedusaModel(base, heads, datastore=store([1, 2], vocab_size=50))
     model = MedusaModel(base, heads)
-    with pytest.raises(GenerationInputError, match="vocabulary of 50 ids"):
+    with pytest.raises(DatastoreError, match="vocabulary of 50 ids, the model has 24"):
         generate(model, ids(1, 2)[None], 4, datastore=store([1, 2], vocab_size=50))
     with pytest.raises(GenerationInputError, match="datastore must be"):
         generate(model, ids(1, 2)[None], 4, datastore="datastore.safetensors")
