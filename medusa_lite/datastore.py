@@ -15,7 +15,7 @@ like a prompt-lookup chain, one more set of deterministic candidates the target 
 decoding stays exact whatever the datastore holds.
 
 The file (``datastore.safetensors`` beside the heads) holds only the token ids, documents
-separated by -1; the n-gram index is rebuilt on load (a sort, ~0.3 s for 900k tokens).
+separated by -1; the n-gram index is rebuilt on load (a sort, ~0.15 s for 882k tokens).
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ class Datastore:
     @property
     def num_documents(self) -> int:
         return int((self.tokens == SEPARATOR).sum())
+
+    @property
+    def num_tokens(self) -> int:
+        """Token ids held, separators not counted."""
+        return self.tokens.numel() - self.num_documents
 
     @classmethod
     def from_documents(cls, documents: Iterable[torch.Tensor], vocab_size: int, max_ngram: int = DATASTORE_MAX_NGRAM, min_ngram: int = DATASTORE_MIN_NGRAM) -> "Datastore":

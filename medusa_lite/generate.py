@@ -37,9 +37,9 @@ from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 DEFAULT_LOOKUP_TOKENS = 6
 # Most datastore guesses per step (medusa_lite.datastore), used when the text itself has no match
 # of TRUSTED_MATCH_TOKENS tokens; 0 = no datastore. Replay (benchmarks/lookup_policy/, 120 held-out
-# self-distilled prompts): 3/4/5 tokens predict 1.893/1.907/1.895x.
+# self-distilled prompts): 3/4/5 tokens predict 1.889/1.908/1.894x.
 DEFAULT_DATASTORE_TOKENS = 4
-# A prompt-lookup match this long is preferred to the datastore (replay: 2 beat 3, 1.888x vs 1.869x).
+# A prompt-lookup match this long is preferred to the datastore (replay: 2 tokens 1.908x, 1 1.893x, 3 1.888x).
 TRUSTED_MATCH_TOKENS = 2
 
 

@@ -207,10 +207,9 @@ def _usage(config: MedusaConfig, repo_id: str | None) -> str:
 def _datastore(datastore: Datastore | None) -> str:
     if datastore is None:
         return ""
-    tokens = datastore.tokens.numel() - datastore.num_documents
     return (
         "## Datastore\n\n"
-        f"`{DATASTORE_FILE_NAME}` holds {tokens:,} tokens of {datastore.num_documents:,} answers of the base model "
+        f"`{DATASTORE_FILE_NAME}` holds {datastore.num_tokens:,} tokens of {datastore.num_documents:,} answers of the base model "
         "(the heads' training split). Where the text being generated has no earlier match of its last tokens, "
         "medusa-lite guesses what followed the same tokens in these answers; the base model verifies those guesses "
         "like any other, so outputs stay exact. `medusa_lite.load(model, heads=...)` picks the file up; "

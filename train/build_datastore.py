@@ -48,7 +48,7 @@ def build(config_path: str, out: Path) -> Datastore:
     datastore = Datastore.from_documents(answer_tokens(data.train), vocab_size=vocab_size)
     out.parent.mkdir(parents=True, exist_ok=True)
     datastore.save(out)
-    print(f"wrote {out}: {datastore.tokens.numel() - datastore.num_documents} tokens of {datastore.num_documents} answers ({out.stat().st_size / 1e6:.1f} MB)")
+    print(f"wrote {out}: {datastore.num_tokens} tokens of {datastore.num_documents} answers ({out.stat().st_size / 1e6:.1f} MB)")
     return datastore
 
 

@@ -38,10 +38,10 @@ from calibrate_tree import random_prefix, timed_step  # noqa: E402
 
 from medusa_lite.cache import reserved_cache  # noqa: E402
 from medusa_lite.cli import set_threads  # noqa: E402
-from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore, datastore_continuation  # noqa: E402
-from medusa_lite.generate import TRUSTED_MATCH_TOKENS, accepted_path, generate, tree_tokens  # noqa: E402
+from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore  # noqa: E402
+from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, accepted_path, generate, lookup_chain, tree_tokens  # noqa: E402
 from medusa_lite.loading import DEFAULT_HEADS_DIR, load  # noqa: E402
-from medusa_lite.lookup import draft_tree, graft_chain, latest_match  # noqa: E402
+from medusa_lite.lookup import copy_after_match, draft_tree, graft_chain, latest_match  # noqa: E402
 from medusa_lite.prepack import prepack_linears  # noqa: E402
 from medusa_lite.training.data import load_training_data  # noqa: E402
 from medusa_lite.tree import Tree  # noqa: E402
@@ -70,7 +70,8 @@ TREES = {
 }
 CHAIN_LENGTHS = [(l3, l2, l1) for l3, l2, l1 in itertools.product([0, 1, 2, 3, 4, 6, 8], [0, 1, 2, 3, 4, 6], [0, 1, 2, 3]) if l3 >= l2 >= l1]
 # Datastore guesses per step (medusa_lite.datastore; the shipped file holds the training split's
-# answers only), replayed with every tree and the shipped chain lengths.
+# answers only), replayed with every tree and generate's own lookup_chain: its prompt-lookup chains
+# (2 per matched token, at most DEFAULT_LOOKUP_TOKENS = 6) are these lengths.
 SHIPPED_CHAIN = (6, 4, 2)
 DATASTORE_TOKENS = (2, 3, 4, 5, 6, 8)
 POLICIES = [(tree, chain, 0) for tree, chain in itertools.product(TREES, CHAIN_LENGTHS)] + [
@@ -133,6 +134,8 @@ def replay_one(record: dict, tree: Tree, chain_lengths: dict[int, int], cost, da
     Each step builds its candidates with ``generate``'s own functions (the heads' guesses on the
     tree, the lookup chain grafted on) and accepts with its rule, the target's token after each
     node being the continuation's next token (what greedy verification returns on the true path).
+    With ``datastore_tokens`` the chain is ``generate``'s own ``lookup_chain`` (whose prompt-lookup
+    lengths are SHIPPED_CHAIN) and ``chain_lengths`` is not used.
     """
     sequence, prompt_len, guesses = record["sequence"], record["prompt_len"], record["guesses"]
     total = sequence.numel() - prompt_len
@@ -140,11 +143,12 @@ def replay_one(record: dict, tree: Tree, chain_lengths: dict[int, int], cost, da
     while new_tokens < total:
         room = min(MAX_NEW_TOKENS - new_tokens - 1, total - new_tokens)
         step_tree = tree.pruned(room)
-        n, follow = latest_match(sequence[: position + 1])
-        chain = sequence[follow : follow + min(chain_lengths.get(n, 0), room)] if follow is not None else sequence[:0]
-        if n < TRUSTED_MATCH_TOKENS and datastore is not None and datastore_tokens > 0:  # as generate's lookup_chain
-            stored = datastore_continuation(datastore, sequence[: position + 1], min(datastore_tokens, room))
-            chain = stored if stored.numel() else chain
+        history = sequence[: position + 1]  # what generate has committed: a chain never copies past it
+        if datastore_tokens:  # generate's own choice between the text's match and the datastore
+            chain, _ = lookup_chain(history, min(DEFAULT_LOOKUP_TOKENS, room), datastore, min(datastore_tokens, room))
+        else:
+            n, follow = latest_match(history)
+            chain = copy_after_match(history, n, follow, min(chain_lengths.get(n, 0), room))
         draft = graft_chain(draft_tree(step_tree, tree_tokens(step_tree, sequence[position], guesses[position - prompt_len])), chain)
         target_tokens = sequence[torch.clamp(position + 1 + draft.node_depths, max=sequence.numel() - 1)]
         accepted = accepted_path(draft, draft.tokens, target_tokens).numel() - 1
