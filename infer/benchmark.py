@@ -25,7 +25,8 @@ uses the packed weights too. ``results.json`` records it as ``machine.prepacked_
 
 Reported per category and overall: mean accepted tokens per step (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
-hook for plain and PLD), tokens/s, speed-up vs plain (plain's total time / the method's total
+hook for plain and PLD; and, as Spec-Bench and the published numbers count it, per decoding step
+with each question's prefill and its token left out), tokens/s, speed-up vs plain (plain's total time / the method's total
 time), and the fraction of outputs token-identical to plain greedy. Writes ``results.json``
 (every question, the summary, machine, threads, dtype, versions, date), ``results.md`` and two
 PNG plots into ``--out`` at the end, and ``progress.jsonl`` (one record per question) as it goes.
@@ -205,6 +206,8 @@ def method_summary(records: Sequence[dict], method: str) -> dict:
         "seconds": seconds,
         "target_calls": calls,
         "mean_accepted_tokens": tokens / calls if calls else 0.0,
+        # Spec-Bench's count: per decoding step, each question's prefill and the token it yields left out
+        "mean_tokens_per_step": (tokens - len(runs)) / (calls - len(runs)) if calls > len(runs) else 0.0,
         "tokens_per_second": tokens / seconds if seconds else 0.0,
         "speedup": plain_seconds / seconds if seconds else 0.0,
         "identical_fraction": sum(run["identical_to_plain"] for run in runs) / len(runs) if runs else 0.0,
@@ -248,6 +251,13 @@ def markdown_table(summary: dict[str, dict[str, dict]]) -> str:
         ]
         lines.append(f"| {label} | {plain['questions']} | {plain['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def per_step_line(summary: dict[str, dict[str, dict]]) -> str:
+    """Overall tokens per decoding step as Spec-Bench counts them (the published numbers' unit)."""
+    overall = summary[OVERALL]
+    values = ", ".join(f"{SHORT[m]} {r['mean_tokens_per_step']:.2f}" for m, r in overall.items() if m != "plain")
+    return f"Overall tokens per decoding step as Spec-Bench counts them (each prefill and its token left out): {values}."
 
 
 def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
@@ -358,7 +368,7 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
         "acc. = mean accepted tokens per target call (bonus and prefill counted; plain = 1.00); "
         "speed-up = plain's total time / the method's; identical = outputs token-identical to plain greedy.\n\n"
     )
-    (out / "results.md").write_text(heading + markdown_table(summary) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(heading + markdown_table(summary) + "\n\n" + per_step_line(summary) + "\n", encoding="utf-8")
     plot_speedup(summary, out / "speedup_by_category.png")
     plot_acceptance(summary, out / "acceptance_by_depth.png")
 

@@ -49,6 +49,8 @@ class GenerationStats:
 
     Convention: ``mean_accepted_tokens`` = new tokens / calls of the target, the prefill
     included, so plain decoding scores exactly 1.00 and the bonus token is counted.
+    ``mean_tokens_per_step`` leaves the prefill and its token out: tokens per verification step,
+    what Spec-Bench and the Medusa/EAGLE papers report as "mean accepted tokens".
     """
 
     tree_nodes: int
@@ -70,6 +72,10 @@ class GenerationStats:
         return self.new_tokens / self.target_calls if self.target_calls else 0.0
 
     @property
+    def mean_tokens_per_step(self) -> float:
+        return sum(self.tokens_per_step) / self.steps if self.steps else 0.0
+
+    @property
     def acceptance_rate_by_depth(self) -> list[float]:
         return [count / self.steps if self.steps else 0.0 for count in self.accepted_at_depth]
 
@@ -79,6 +85,7 @@ class GenerationStats:
             "target_calls": self.target_calls,
             "steps": self.steps,
             "mean_accepted_tokens": self.mean_accepted_tokens,
+            "mean_tokens_per_step": self.mean_tokens_per_step,
             "tokens_per_step": list(self.tokens_per_step),
             "accepted_at_depth": list(self.accepted_at_depth),
             "acceptance_rate_by_depth": self.acceptance_rate_by_depth,

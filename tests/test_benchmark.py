@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
+import pytest
 import torch
 
 from test_cli import import_infer_script, save_tiny_checkpoint
@@ -69,6 +70,10 @@ def test_benchmark_end_to_end_fp32(tmp_path):
     assert results["datastore_answers"] == len(answers) and 0.0 <= overall["medusa"]["datastore_step_fraction"] <= overall["medusa"]["lookup_step_fraction"]
     assert 0.0 <= overall["medusa"]["lookup_step_fraction"] <= 1.0 and overall["heads"]["lookup_step_fraction"] == 0.0
     assert overall["medusa"]["mean_accepted_tokens"] >= 1.0 and overall["pld"]["mean_accepted_tokens"] >= 1.0
+    assert overall["plain"]["mean_tokens_per_step"] == 1.0
+    medusa_runs = [record["methods"]["medusa"] for record in results["questions"]]
+    per_step = sum(run["new_tokens"] - 1 for run in medusa_runs) / sum(run["steps"] for run in medusa_runs)
+    assert overall["medusa"]["mean_tokens_per_step"] == pytest.approx(per_step)
     assert len(overall["heads"]["acceptance_rate_by_depth"]) == max(len(path) for path in results["tree"])
     for record in results["questions"]:
         plain, medusa = record["methods"]["plain"], record["methods"]["medusa"]
@@ -77,6 +82,7 @@ def test_benchmark_end_to_end_fp32(tmp_path):
 
     table = (out / "results.md").read_text()
     assert "| **overall** | 3 |" in table and "float32" in table
+    assert f"medusa {overall['medusa']['mean_tokens_per_step']:.2f}" in table
     progress = [json.loads(line) for line in (out / benchmark.PROGRESS_FILE).read_text().splitlines()]
     assert progress == results["questions"], "progress.jsonl holds every question's record as measured"
 

@@ -46,6 +46,7 @@ def test_oracle_heads_accept_full_depth_every_step(family):
     assert out.stats.tokens_per_step[:-1] == [full_step] * (out.stats.steps - 1)
     assert out.stats.steps == -(-(MAX_NEW_TOKENS - 1) // full_step)
     assert out.stats.mean_accepted_tokens == pytest.approx(MAX_NEW_TOKENS / (out.stats.steps + 1))
+    assert out.stats.mean_tokens_per_step == pytest.approx((MAX_NEW_TOKENS - 1) / out.stats.steps)  # Spec-Bench's count
     assert out.stats.accepted_at_depth[tree.depth - 1] >= out.stats.steps - 1
 
 

@@ -47,6 +47,7 @@ def test_empty_tree_is_plain_decoding_and_exact(model):
     out = generate(model, prompt, 15, tree=[], lookup_tokens=0)
     assert torch.equal(out.sequences, plain_greedy(model.base_model, prompt, 15))
     assert out.stats.mean_accepted_tokens == 1.0 and out.stats.tokens_per_step == [1] * 14
+    assert out.stats.mean_tokens_per_step == 1.0
 
 
 def test_shape_tensors():
