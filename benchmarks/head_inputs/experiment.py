@@ -36,7 +36,7 @@ from torch import nn
 from medusa_lite.heads import ResBlock
 from medusa_lite.loading import load
 from medusa_lite.training.data import load_training_data
-from medusa_lite.training.losses import IGNORE, head_targets, to_draft_targets
+from medusa_lite.training.losses import IGNORE, HeadStats, head_loss, head_targets, to_draft_targets
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG = REPO_ROOT / "configs" / "smollm2_heads.yaml"
@@ -45,6 +45,7 @@ RESULTS_DIR = Path(__file__).resolve().parent  # results_<tag>.json
 MID_LAYERS = (10, 20)  # of 30: hidden_states[i] is the residual stream after layer i
 TRAINED_HEADS = 2  # heads 1 and 2: what the CPU tree's depths 1-2 use
 TOPK = 3
+HEAD_WEIGHTS = torch.tensor([0.8, 0.64])  # head k's loss weight 0.8^k, as configs/smollm2_heads.yaml
 HEADS_LR_SCALE = 0.1  # the shipped heads are already trained: they move 10x slower than the new input layer
 
 
@@ -127,36 +128,23 @@ def added_blocks(variant: str, heads) -> list[nn.Module]:
 
 
 # -- training ----------------------------------------------------------------------------------
-def sequence_loss(front: nn.Module, heads, embed: nn.Module, draft_weight: torch.Tensor, record: dict, vocab: int, topk: int = 1):
-    last, mid = record["last"].float(), record["mid"].float()
-    targets = head_targets(record["input_ids"][None], record["loss_mask"][None], TRAINED_HEADS)[0]
+def sequence_loss(front: nn.Module, heads, embed: nn.Module, draft_weight: torch.Tensor, record: dict, vocab: int, topk: int = 1) -> tuple[torch.Tensor, HeadStats]:
+    """The training loss (``head_loss``, the library's) of heads 1..TRAINED_HEADS over one sequence's response positions."""
+    input_ids = record["input_ids"]
+    targets = head_targets(input_ids[None], record["loss_mask"][None], TRAINED_HEADS)[0]
     rows = torch.nonzero((targets != IGNORE).any(-1)).squeeze(-1)
-    hidden = front(last, mid)[rows]
-    next_embeds = embed(record["input_ids"][rows + 1])
-    fused = heads.next_token_fuse(torch.cat([hidden, next_embeds], dim=-1))
-    loss, hits, counted = 0.0, torch.zeros(TRAINED_HEADS, topk), torch.zeros(TRAINED_HEADS)
-    for k in range(TRAINED_HEADS):
-        logits = F.linear(heads.heads[k](fused), draft_weight)
-        target = to_draft_targets(targets[rows, k], heads.draft_token_ids, vocab)
-        valid = target != IGNORE
-        ce_target = torch.where(target < 0, torch.full_like(target, IGNORE), target)
-        loss = loss + F.cross_entropy(logits, ce_target, ignore_index=IGNORE) * 0.8 ** (k + 1)
-        with torch.no_grad():
-            ranked = logits.topk(topk, dim=-1).indices
-            hit = (ranked == target[:, None]) & valid[:, None]
-            hits[k] = hit.cumsum(-1).clamp(max=1).sum(0).float()
-            counted[k] = valid.sum()
-    return loss, hits, counted
+    hidden = front(record["last"].float(), record["mid"].float())[rows]
+    head_hidden = heads(hidden, TRAINED_HEADS, next_token_embeds=embed(input_ids[rows + 1]))
+    draft_targets = to_draft_targets(targets[rows], heads.draft_token_ids, vocab)
+    return head_loss(head_hidden, draft_targets, lambda h: F.linear(h, draft_weight), weights=HEAD_WEIGHTS, topk=topk)
 
 
 def evaluate(front, heads, embed, draft_weight, records, vocab) -> dict:
-    hits, counted = torch.zeros(TRAINED_HEADS, TOPK), torch.zeros(TRAINED_HEADS)
+    stats = HeadStats.zeros(TRAINED_HEADS, TOPK)
     with torch.no_grad():
         for record in records:
-            _, h, c = sequence_loss(front, heads, embed, draft_weight, record, vocab, TOPK)
-            hits, counted = hits + h, counted + c
-    accuracy = hits / counted[:, None]
-    return {"top1": accuracy[:, 0].tolist(), f"top{TOPK}": accuracy[:, -1].tolist(), "positions": counted.tolist()}
+            stats.add(sequence_loss(front, heads, embed, draft_weight, record, vocab, TOPK)[1])
+    return {"top1": stats.top1(), f"top{TOPK}": stats.topk_cumulative(), "positions": stats.count.tolist()}
 
 
 def train_variant(variant: str, cache: dict, epochs: int, lr: float, batch: int) -> dict:
@@ -183,7 +171,7 @@ def train_variant(variant: str, cache: dict, epochs: int, lr: float, batch: int)
         optimizer.zero_grad()
         total = 0.0
         for index in order[step * batch : (step + 1) * batch]:
-            loss, _, _ = sequence_loss(front, heads, embed, draft_weight, train[index], vocab)
+            loss, _ = sequence_loss(front, heads, embed, draft_weight, train[index], vocab)
             (loss / batch).backward()
             total += loss.item() / batch
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
