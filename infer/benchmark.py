@@ -25,9 +25,10 @@ uses the packed weights too. ``results.json`` records it as ``machine.prepacked_
 
 Reported per category and overall: mean accepted tokens per step (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
-hook for plain and PLD; and, as Spec-Bench and the published numbers count it, per decoding step
-with each question's prefill and its token left out), tokens/s, speed-up vs plain (plain's total time / the method's total
-time), and the fraction of outputs token-identical to plain greedy. Writes ``results.json``
+hook for plain and PLD; and, as Spec-Bench and the published numbers count it, per decoding
+step with each question's prefill and its token left out), tokens/s, speed-up vs plain (plain's
+total time / the method's total time), and the fraction of outputs token-identical to plain
+greedy. Writes ``results.json``
 (every question, the summary, machine, threads, dtype, versions, date), ``results.md`` and two
 PNG plots into ``--out`` at the end, and ``progress.jsonl`` (one record per question) as it goes.
 """
