@@ -29,12 +29,11 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-import yaml
 from torch import nn
 
-from medusa_lite.heads import ResBlock
+from medusa_lite.heads import DraftLMHead, ResBlock
 from medusa_lite.loading import load
+from medusa_lite.training.config import load_config
 from medusa_lite.training.data import load_training_data
 from medusa_lite.training.losses import IGNORE, HeadStats, head_loss, head_targets, to_draft_targets
 
@@ -45,16 +44,16 @@ RESULTS_DIR = Path(__file__).resolve().parent  # results_<tag>.json
 MID_LAYERS = (10, 20)  # of 30: hidden_states[i] is the residual stream after layer i
 TRAINED_HEADS = 2  # heads 1 and 2: what the CPU tree's depths 1-2 use
 TOPK = 3
-HEAD_WEIGHTS = torch.tensor([0.8, 0.64])  # head k's loss weight 0.8^k, as configs/smollm2_heads.yaml
+HEAD_WEIGHTS = torch.tensor(load_config(CONFIG).loss_weights()[:TRAINED_HEADS])  # the recipe's: 0.8^k for head k
 HEADS_LR_SCALE = 0.1  # the shipped heads are already trained: they move 10x slower than the new input layer
 
 
 # -- cache -------------------------------------------------------------------------------------
 @torch.inference_mode()
 def build_cache(num_train: int, num_eval: int) -> None:
-    config = yaml.safe_load(CONFIG.read_text())
+    config = load_config(CONFIG)
     model, tokenizer = load(datastore=False, prepack=False)
-    data = load_training_data([str(REPO_ROOT / p) for p in config["data"]], tokenizer, max_length=config["max_length"], eval_fraction=config["eval_fraction"], seed=config.get("seed", 0))
+    data = load_training_data([str(REPO_ROOT / p) for p in config.data], tokenizer, max_length=config.max_length, eval_fraction=config.eval_fraction, seed=config.seed)
     train = random.Random(0).sample(data.train, num_train)
     held_out = data.eval[:num_eval]
     started, tokens = time.perf_counter(), 0
@@ -128,7 +127,7 @@ def added_blocks(variant: str, heads) -> list[nn.Module]:
 
 
 # -- training ----------------------------------------------------------------------------------
-def sequence_loss(front: nn.Module, heads, embed: nn.Module, draft_weight: torch.Tensor, record: dict, vocab: int, topk: int = 1) -> tuple[torch.Tensor, HeadStats]:
+def sequence_loss(front: nn.Module, heads, embed: nn.Module, draft_head: DraftLMHead, record: dict, vocab: int, topk: int = 1) -> tuple[torch.Tensor, HeadStats]:
     """The training loss (``head_loss``, the library's) of heads 1..TRAINED_HEADS over one sequence's response positions."""
     input_ids = record["input_ids"]
     targets = head_targets(input_ids[None], record["loss_mask"][None], TRAINED_HEADS)[0]
@@ -136,14 +135,14 @@ def sequence_loss(front: nn.Module, heads, embed: nn.Module, draft_weight: torch
     hidden = front(record["last"].float(), record["mid"].float())[rows]
     head_hidden = heads(hidden, TRAINED_HEADS, next_token_embeds=embed(input_ids[rows + 1]))
     draft_targets = to_draft_targets(targets[rows], heads.draft_token_ids, vocab)
-    return head_loss(head_hidden, draft_targets, lambda h: F.linear(h, draft_weight), weights=HEAD_WEIGHTS, topk=topk)
+    return head_loss(head_hidden, draft_targets, draft_head, weights=HEAD_WEIGHTS, topk=topk)
 
 
-def evaluate(front, heads, embed, draft_weight, records, vocab) -> dict:
+def evaluate(front, heads, embed, draft_head, records, vocab) -> dict:
     stats = HeadStats.zeros(TRAINED_HEADS, TOPK)
     with torch.no_grad():
         for record in records:
-            stats.add(sequence_loss(front, heads, embed, draft_weight, record, vocab, TOPK)[1])
+            stats.add(sequence_loss(front, heads, embed, draft_head, record, vocab, TOPK)[1])
     return {"top1": stats.top1(), f"top{TOPK}": stats.topk_cumulative(), "positions": stats.count.tolist()}
 
 
@@ -152,7 +151,7 @@ def train_variant(variant: str, cache: dict, epochs: int, lr: float, batch: int)
     model, _ = load(datastore=False, prepack=False)
     heads, base = model.heads, model.base_model
     embed = base.get_input_embeddings()
-    draft_weight = base.get_output_embeddings().weight.detach()[heads.draft_token_ids]
+    draft_head = DraftLMHead(base.get_output_embeddings(), heads.draft_token_ids)
     vocab = base.config.vocab_size
     front = make_input(variant, heads.config.hidden_size)
     new = [*front.parameters(), *(p for block in added_blocks(variant, heads) for p in block.parameters())]
@@ -162,7 +161,7 @@ def train_variant(variant: str, cache: dict, epochs: int, lr: float, batch: int)
     trainable = new + shipped
     optimizer = torch.optim.AdamW([{"params": new, "lr": lr}, {"params": shipped, "lr": lr * HEADS_LR_SCALE}], weight_decay=0.0)
     train, held_out = cache["records"]["train"], cache["records"]["eval"]
-    before = evaluate(front, heads, embed, draft_weight, held_out, vocab)
+    before = evaluate(front, heads, embed, draft_head, held_out, vocab)
     started = time.perf_counter()
     steps = epochs * (len(train) // batch)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=[lr, lr * HEADS_LR_SCALE], total_steps=steps, pct_start=0.1)
@@ -171,7 +170,7 @@ def train_variant(variant: str, cache: dict, epochs: int, lr: float, batch: int)
         optimizer.zero_grad()
         total = 0.0
         for index in order[step * batch : (step + 1) * batch]:
-            loss, _ = sequence_loss(front, heads, embed, draft_weight, train[index], vocab)
+            loss, _ = sequence_loss(front, heads, embed, draft_head, train[index], vocab)
             (loss / batch).backward()
             total += loss.item() / batch
         torch.nn.utils.clip_grad_norm_(trainable, 1.0)
@@ -179,7 +178,7 @@ def train_variant(variant: str, cache: dict, epochs: int, lr: float, batch: int)
         schedule.step()
         if step % 10 == 0:
             print(f"{variant} step {step}/{steps} loss {total:.3f} {time.perf_counter() - started:.0f}s", flush=True)
-    after = evaluate(front, heads, embed, draft_weight, held_out, vocab)
+    after = evaluate(front, heads, embed, draft_head, held_out, vocab)
     extra = sum(p.numel() for p in new)
     return {"variant": variant, "before": before, "after": after, "extra_parameters": extra, "train_seconds": time.perf_counter() - started, "steps": steps}
 
