@@ -49,7 +49,8 @@ from tqdm import tqdm
 from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, prepack_choice, set_threads, timed
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
-from medusa_lite.loading import DTYPES, load, tree_of
+from medusa_lite.dynamic_tree import DynamicTree
+from medusa_lite.loading import DTYPES, find_tree_file, heads_source_for, load, read_tree_file, tree_of
 from medusa_lite.model import MedusaModel
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree
@@ -62,9 +63,17 @@ DEFAULT_QUICK = 26
 PLD_NUM_TOKENS = 10
 WARMUP_TOKENS = 16
 PROGRESS_FILE = "progress.jsonl"  # one line per finished question, written as the run goes
-METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")
-LABELS = {"plain": "plain generate", "pld": "prompt lookup (PLD)", "medusa": "medusa-lite", "no_datastore": "medusa-lite, no datastore", "heads": "medusa-lite, heads only"}
-SHORT = {"pld": "PLD", "medusa": "medusa", "no_datastore": "no datastore", "heads": "heads only"}
+METHODS = ("plain", "pld", "medusa", "static_tree", "no_datastore", "heads")
+LABELS = {
+    "plain": "plain generate",
+    "pld": "prompt lookup (PLD)",
+    "medusa": "medusa-lite",
+    "static_tree": "medusa-lite, static tree",
+    "no_datastore": "medusa-lite, no datastore",
+    "heads": "medusa-lite, heads only",
+}
+DEFAULT_METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")  # "static_tree" on request
+SHORT = {"pld": "PLD", "medusa": "medusa", "static_tree": "static tree", "no_datastore": "no datastore", "heads": "heads only"}
 OVERALL = "overall"
 GREEDY = SamplingSettings()
 
@@ -107,13 +116,15 @@ class Result:
     accepted_at_depth: list[int] = field(default_factory=list)  # medusa only
     lookup_steps: int = 0  # medusa only: steps that accepted a lookup-only guess
     datastore_steps: int = 0  # medusa only: of those, steps whose lookup chain came from the datastore
+    verified_rows: int = 0  # medusa only: tree + lookup rows verified, summed over steps
 
 
 @dataclass(frozen=True)
 class MedusaSettings:
-    tree: Tree
+    tree: Tree | DynamicTree
     lookup_tokens: int
     datastore_tokens: int = DEFAULT_DATASTORE_TOKENS
+    static_tree: Tree | None = None  # for "static_tree": the tree file's static paths
 
 
 class CallCounter:
@@ -147,15 +158,19 @@ def run_pld(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, se
     return run_hf(model, input_ids, max_new_tokens, prompt_lookup_num_tokens=PLD_NUM_TOKENS)
 
 
-def run_medusa_with(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree, lookup_tokens: int, datastore_tokens: int) -> Result:
+def run_medusa_with(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree | DynamicTree, lookup_tokens: int, datastore_tokens: int) -> Result:
     output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, tree=tree, lookup_tokens=lookup_tokens, datastore_tokens=datastore_tokens))
     stats = output.stats
     new = output.sequences[0, input_ids.shape[1] :].tolist()
-    return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), stats.lookup_steps, stats.datastore_steps)
+    return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), stats.lookup_steps, stats.datastore_steps, stats.verified_rows)
 
 
 def run_medusa(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
     return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, settings.lookup_tokens, settings.datastore_tokens)
+
+
+def run_static_tree(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+    return run_medusa_with(model, input_ids, max_new_tokens, settings.static_tree, settings.lookup_tokens, settings.datastore_tokens)
 
 
 def run_no_datastore(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
@@ -166,7 +181,14 @@ def run_heads(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
     return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, lookup_tokens=0, datastore_tokens=0)
 
 
-RUNNERS: dict[str, Callable[..., Result]] = {"plain": run_plain, "pld": run_pld, "medusa": run_medusa, "no_datastore": run_no_datastore, "heads": run_heads}
+RUNNERS: dict[str, Callable[..., Result]] = {
+    "plain": run_plain,
+    "pld": run_pld,
+    "medusa": run_medusa,
+    "static_tree": run_static_tree,
+    "no_datastore": run_no_datastore,
+    "heads": run_heads,
+}
 
 
 def first_difference(tokens: Sequence[int], reference: Sequence[int]) -> int | None:
@@ -192,6 +214,7 @@ def question_record(question: dict, order: Sequence[str], results: dict[str, Res
             "accepted_at_depth": result.accepted_at_depth,
             "lookup_steps": result.lookup_steps,
             "datastore_steps": result.datastore_steps,
+            "verified_rows": result.verified_rows,
         }
     return {"question_id": question["question_id"], "category": question["category"], "order": list(order), "methods": methods}
 
@@ -218,6 +241,7 @@ def method_summary(records: Sequence[dict], method: str) -> dict:
         summary["steps"] = steps
         summary["lookup_step_fraction"] = sum(run.get("lookup_steps", 0) for run in runs) / steps
         summary["datastore_step_fraction"] = sum(run.get("datastore_steps", 0) for run in runs) / steps
+        summary["mean_verified_rows"] = sum(run.get("verified_rows", 0) for run in runs) / steps
         depth = max(len(run["accepted_at_depth"]) for run in runs)
         accepted = [sum(run["accepted_at_depth"][d] for run in runs if d < len(run["accepted_at_depth"])) for d in range(depth)]
         summary["acceptance_rate_by_depth"] = [count / steps for count in accepted]
@@ -312,7 +336,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--datastore-tokens", type=int, default=DEFAULT_DATASTORE_TOKENS, help="datastore guesses per step for 'medusa' where the text has no match (0 = none)"
     )
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="methods to run (plain always runs)")
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS), help="methods to run (plain always runs)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
@@ -325,14 +349,20 @@ def run_benchmark(
     tokenizer,
     questions: Sequence[dict],
     max_new_tokens: int,
-    methods: Sequence[str] = METHODS,
+    methods: Sequence[str] = DEFAULT_METHODS,
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
     datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
     on_record: Callable[[dict], None] | None = None,
+    static_tree: Tree | None = None,
 ) -> list[dict]:
-    """One record per question (see :func:`question_record`); ``on_record`` gets each as soon as it is measured."""
+    """One record per question (see :func:`question_record`); ``on_record`` gets each as soon as it is measured.
+
+    ``static_tree``: the tree of the ``static_tree`` method (required for it).
+    """
     methods = [method for method in METHODS if method in set(methods) | {"plain"}]
-    settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens)
+    if "static_tree" in methods and static_tree is None:
+        raise MedusaError("the 'static_tree' method needs a tree file with static paths (--tree, or tree.json beside the heads)")
+    settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens, static_tree)
     prompts = [chat_input_ids(tokenizer, question["turns"][0]).to(model.device) for question in questions]
     for method in methods:  # warm-up
         RUNNERS[method](model, prompts[0], WARMUP_TOKENS, settings)
@@ -364,7 +394,7 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
     machine = settings["machine"]
     heading = (
         f"Spec-Bench, {settings['num_questions']} questions, greedy, max {settings['max_new_tokens']} new tokens; "
-        f"{machine['cpu']}, {machine['torch_threads']} threads, {machine['dtype']}; tree of {settings['tree_nodes']} nodes; "
+        f"{machine['cpu']}, {machine['torch_threads']} threads, {machine['dtype']}; {'dynamic tree of up to' if settings.get('dynamic_tree') else 'tree of'} {settings['tree_nodes']} nodes; "
         f"torch {machine['torch']}, transformers {machine['transformers']}; {machine['date']}.\n"
         "acc. = mean accepted tokens per target call (bonus and prefill counted; plain = 1.00); "
         "speed-up = plain's total time / the method's; identical = outputs token-identical to plain greedy.\n\n"
@@ -372,6 +402,22 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
     (out / "results.md").write_text(heading + markdown_table(summary) + "\n\n" + per_step_line(summary) + "\n", encoding="utf-8")
     plot_speedup(summary, out / "speedup_by_category.png")
     plot_acceptance(summary, out / "acceptance_by_depth.png")
+
+
+def static_tree_for(args: argparse.Namespace, model: MedusaModel) -> Tree | None:
+    """The static paths of the tree file ``--tree`` names, else of ``tree.json`` beside the heads, else the model's own static tree."""
+    path = args.tree or find_tree_file(heads_source_for(args.model, args.heads))
+    if path is not None:
+        return read_tree_file(path, dynamic=False)
+    return model.tree if isinstance(model.tree, Tree) else None
+
+
+def tree_settings(tree: Tree | DynamicTree) -> dict:
+    """How ``results.json`` records the tree medusa decoded with."""
+    if isinstance(tree, DynamicTree):
+        policy = {"max_nodes": tree.max_nodes, "row_costs": list(tree.row_costs), "tokens_per_cost": tree.tokens_per_cost}
+        return {"tree_nodes": tree.num_nodes, "tree": None, "dynamic_tree": policy}
+    return {"tree_nodes": tree.num_nodes, "tree": [list(path) for path in tree.paths], "dynamic_tree": None}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -383,12 +429,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         questions = read_questions(args.questions)
         questions = questions if args.full else stratified_subset(questions, args.quick)
         progress = progress_writer(Path(args.out) / PROGRESS_FILE)
-        records = run_benchmark(model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens, args.datastore_tokens, on_record=progress)
+        static_tree = static_tree_for(args, model) if "static_tree" in args.methods else None
+        records = run_benchmark(
+            model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens, args.datastore_tokens, on_record=progress, static_tree=static_tree
+        )
     except MedusaError as error:
         print(f"benchmark: error: {error}", file=sys.stderr)
         return EXIT_USAGE_ERROR
     summary = summarize(records)
     tree = tree_of(model)
+
     settings = {
         "command": " ".join(sys.argv),
         "model": args.model or "default",
@@ -399,8 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "lookup_tokens": args.lookup_tokens,
         "datastore_tokens": args.datastore_tokens,
         "datastore_answers": model.datastore.num_documents if model.datastore is not None else 0,
-        "tree_nodes": tree.num_nodes,
-        "tree": [list(path) for path in tree.paths],
+        **tree_settings(tree),
+        "static_tree": [list(path) for path in static_tree.paths] if static_tree is not None else None,
         "machine": machine_info(model.base_model.dtype, model.base_model),
     }
     write_outputs(Path(args.out), summary, records, settings)

@@ -8,7 +8,8 @@
 (a) Cost: over a cached prefix of ``--prefix-tokens`` tokens, time one decoding step with a tree
     of N nodes for each N in ``--sizes``: propose (heads) + verify (one target forward of N
     tokens, ``verify_tree``) + accept + cache compaction; median of ``--repeats`` runs after
-    ``--warmup`` runs, sizes interleaved so background load hits all sizes alike. The pure verify
+    ``--warmup`` runs, sizes interleaved (a fresh random order every round) so background load
+    and drift hit all sizes alike. The pure verify
     time is reported too. N = 1 is plain decoding by the same loop, the unit of cost.
 (b) Accuracy: per-head, per-rank top-k accuracies from the heads' ``training_summary
     ["topk_accuracy"]``, or measured with ``--measure-on PROMPTS`` (greedy continuations of your
@@ -17,13 +18,18 @@
 (c) Choice: for each N, ``best_tree(accuracy, N)`` (Medusa's greedy construction) and its
     predicted speed-up = expected accepted tokens per step / (step cost(N) / step cost(1)); the N
     with the highest prediction wins. The table and the chosen tree go to ``tree.json`` (default:
-    in the heads folder, where ``medusa_lite.load`` picks it up; ``--out`` elsewhere).
+    in the heads folder, where ``medusa_lite.load`` picks it up; ``--out`` elsewhere), with the
+    dynamic policy (:class:`~medusa_lite.dynamic_tree.DynamicTree`: up to
+    ``--dynamic-max-nodes`` nodes per step, chosen from the heads' confidence) priced by the same
+    costs, which ``load`` then decodes with; ``--dynamic-max-nodes 0`` writes the static tree only.
+    Time every size up to the dynamic policy's rows (nodes + lookup chain) for exact costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -37,11 +43,12 @@ from transformers import Cache
 
 from medusa_lite.cache import reserved_cache
 from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, set_threads
+from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST, DynamicTree, row_costs_from_table
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import accepted_path, propose
 from medusa_lite.loading import DEFAULT_HEADS_DIR, DTYPES, TREE_FILE_NAME, MissingHeadsError, heads_source_for, load, load_target, verification_rows, write_tree_file
 from medusa_lite.model import MedusaModel
-from medusa_lite.prepack import default_backend, prepack_linears, prepack_supported
+from medusa_lite.prepack import MKL, default_backend, prepack_linears, prepack_supported
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import REFERENCE_TOPK_ACCURACY, Tree, best_tree, expected_accepted_tokens
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
@@ -93,12 +100,17 @@ def timing_order(num_trees: int) -> list[int]:
 
 
 @torch.inference_mode()
-def measure_step_costs(model: MedusaModel, trees: Sequence[Tree], *, prefix_tokens: int, repeats: int, warmup: int, prepack: bool = False) -> list[StepCost]:
+def measure_step_costs(
+    model: MedusaModel, trees: Sequence[Tree], *, prefix_tokens: int, repeats: int, warmup: int, prepack: bool = False, seed: int = PREFIX_SEED
+) -> list[StepCost]:
     """Median verify and step time of each tree over a cached random prefix.
 
-    Each tree is timed in two blocks (sizes forward, then backward), ``warmup`` untimed steps and
-    about ``repeats / 2`` timed ones per block. ``prepack``: before each block, pack the target's
-    linear weights for that tree as :func:`medusa_lite.load` would (tree + default lookup chain).
+    Unpacked, or packed with ``row_gemm`` (one packed copy serves every row count, as ``load``
+    packs it once for the largest tree + default lookup chain): ``warmup`` untimed rounds, then
+    ``repeats`` rounds timing every tree once, in a fresh random order each round, so slow drift
+    of the machine hits all sizes alike. Packed with MKL (a copy per row count): each tree in two
+    blocks (sizes forward, then backward), packed for that tree (+ lookup chain) before each
+    block, ``warmup`` untimed steps and about ``repeats / 2`` timed ones per block.
     """
     prefix = random_prefix(model.config.vocab_size, prefix_tokens).to(model.device)
     cache = reserved_cache(model, prefix_tokens + max(tree.num_nodes for tree in trees))  # as generate reserves it
@@ -106,21 +118,38 @@ def measure_step_costs(model: MedusaModel, trees: Sequence[Tree], *, prefix_toke
     root = prefill.logits[0, -1:].argmax(dim=-1)
     hidden = prefill.hidden[0, -1]
     samples: list[list[tuple[float, float]]] = [[] for _ in trees]
-    order = timing_order(len(trees))
-    per_block = -(-repeats // 2)
-    for block, index in enumerate(tqdm(order, desc="timing steps", leave=False)):
-        tree = trees[index]
+    backend = default_backend() if prepack else None
+    if backend == MKL:
+        schedule = mkl_block_schedule(len(trees), repeats, warmup)
+    else:
         if prepack:
-            prepack_linears(model.base_model, verification_rows(tree.num_nodes))
-        timed = per_block if block < len(trees) else repeats - per_block
-        for repeat in range(warmup + timed):
-            timing = timed_step(model, cache, hidden, root, tree)
-            if repeat >= warmup:
-                samples[index].append(timing)
+            prepack_linears(model.base_model, verification_rows(max(tree.num_nodes for tree in trees)), backend)
+        schedule = shuffled_schedule(len(trees), repeats, warmup, random.Random(seed))
+    for index, pack, timed in tqdm(schedule, desc="timing steps", leave=False):
+        if pack:
+            prepack_linears(model.base_model, verification_rows(trees[index].num_nodes), backend)
+        timing = timed_step(model, cache, hidden, root, trees[index])
+        if timed:
+            samples[index].append(timing)
     return [
         StepCost(tree.num_nodes, 1000 * statistics.median(v for v, _ in runs), 1000 * statistics.median(s for _, s in runs))
         for tree, runs in zip(trees, samples)
     ]
+
+
+def shuffled_schedule(num_trees: int, repeats: int, warmup: int, shuffler: random.Random) -> list[tuple[int, bool, bool]]:
+    """(tree index, pack first, timed) steps: rounds of every tree once in a fresh order, the first ``warmup`` untimed."""
+    return [(index, False, round_ >= warmup) for round_ in range(warmup + repeats) for index in shuffler.sample(range(num_trees), num_trees)]
+
+
+def mkl_block_schedule(num_trees: int, repeats: int, warmup: int) -> list[tuple[int, bool, bool]]:
+    """(tree index, pack first, timed) steps: per tree two blocks (:func:`timing_order`), each packed, then warmed up."""
+    per_block = -(-repeats // 2)
+    schedule = []
+    for block, index in enumerate(timing_order(num_trees)):
+        timed = per_block if block < num_trees else repeats - per_block
+        schedule += [(index, step == 0, step >= warmup) for step in range(warmup + timed)]
+    return schedule
 
 
 # -- (b) per-head top-k accuracy ---------------------------------------------------------------
@@ -202,6 +231,14 @@ def best_row(rows: Sequence[Row]) -> Row:
     return max(rows, key=lambda row: row.predicted_speedup)
 
 
+def dynamic_policy(rows: Sequence[Row], max_nodes: int, tokens_per_cost: float) -> DynamicTree | None:
+    """The per-step policy sized by the measured step costs, up to ``max_nodes`` nodes plus the default lookup chain."""
+    if max_nodes <= 0:
+        return None
+    table = [{"num_nodes": row.num_nodes, "relative_cost": row.relative_cost} for row in rows]
+    return DynamicTree(max_nodes, row_costs_from_table(table, verification_rows(max_nodes)), tokens_per_cost)
+
+
 def format_table(rows: Sequence[Row], chosen: Row | None) -> str:
     lines = ["nodes  verify ms  step ms  rel. cost  E[tokens/step]  pred. speed-up", "-" * 67]
     for row in rows:
@@ -229,6 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-rank", type=int, default=DEFAULT_MAX_RANK, help="ranks per head measured by --measure-on")
     parser.add_argument("--no-prepack", action="store_true", help="time steps without pre-packed linear weights (as load(prepack=False) decodes)")
     parser.add_argument("--costs-only", action="store_true", help="only time steps (fresh heads stand in if none are given)")
+    parser.add_argument(
+        "--static-paths",
+        type=json.loads,
+        default=None,
+        help="keep this static tree (JSON list of rank paths, e.g. one a replay with the lookup chain chose) instead of the table's best",
+    )
+    parser.add_argument("--dynamic-max-nodes", type=int, default=DEFAULT_MAX_NODES, help="most nodes of the dynamic per-step tree written beside the static one (0: none)")
+    parser.add_argument("--tokens-per-cost", type=float, default=DEFAULT_TOKENS_PER_COST, help="dynamic tree: expected tokens a unit of step cost must buy")
     parser.add_argument("--out", default=None, help=f"where to write the JSON (default: {TREE_FILE_NAME} in the heads folder)")
     return parser
 
@@ -301,9 +346,13 @@ def calibrate(args: argparse.Namespace) -> Path | None:
     if chosen is None:  # a cost table, deliberately without "paths": not a tree file
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(notes, indent=1) + "\n", encoding="utf-8")
-    else:
-        write_tree_file(out, trees[sizes.index(chosen.num_nodes)], notes)
-    print(f"wrote {out}" + (f" ({chosen.num_nodes}-node tree)" if chosen is not None else ""))
+        print(f"wrote {out}")
+        return out
+    static = Tree.from_paths(args.static_paths) if args.static_paths is not None else trees[sizes.index(chosen.num_nodes)]
+    notes["static_paths_source"] = "--static-paths" if args.static_paths is not None else "the table's best"
+    dynamic = dynamic_policy(rows, args.dynamic_max_nodes, args.tokens_per_cost)
+    write_tree_file(out, static, notes, dynamic)
+    print(f"wrote {out} ({static.num_nodes}-node static tree" + (f"; dynamic trees of up to {dynamic.max_nodes} nodes, what load() decodes with)" if dynamic else ")"))
     return out
 
 

@@ -1,6 +1,7 @@
 """medusa-lite: exact Medusa-style speculative decoding for Hugging Face causal LMs."""
 
 from medusa_lite.datastore import Datastore, DatastoreError
+from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.errors import (
     DraftVocabError,
     GenerationInputError,
@@ -21,6 +22,7 @@ __all__ = [
     "Datastore",
     "DatastoreError",
     "DraftVocabError",
+    "DynamicTree",
     "GenerationInputError",
     "GenerationOutput",
     "GenerationStats",

@@ -24,6 +24,7 @@ import torch
 from medusa_lite.cache import reserved_cache
 from medusa_lite.errors import GenerationInputError
 from medusa_lite.datastore import Datastore, datastore_continuation
+from medusa_lite.dynamic_tree import DynamicTree, chain_ranks
 from medusa_lite.lookup import LOOKUP_TOKENS_PER_MATCHED_TOKEN, DraftTree, copy_after_match, draft_tree, graft_chain, latest_match
 from medusa_lite.model import MedusaModel, check_tree_attention_supported, text_config
 from medusa_lite.sampling import SamplingSettings, pick_tokens
@@ -41,6 +42,7 @@ DEFAULT_LOOKUP_TOKENS = 6
 DEFAULT_DATASTORE_TOKENS = 4
 # A prompt-lookup match this long is preferred to the datastore (replay: 2 tokens 1.908x, 1 1.893x, 3 1.888x).
 TRUSTED_MATCH_TOKENS = 2
+NO_CHAIN = torch.zeros(0, dtype=torch.long)
 
 
 @dataclass
@@ -61,6 +63,7 @@ class GenerationStats:
     accepted_at_depth: list[int] = field(default_factory=list)  # [d-1]: steps that accepted a guess at depth d
     lookup_steps: int = 0  # steps whose accepted path used a guess only a lookup (prompt or datastore) made
     datastore_steps: int = 0  # of those, steps whose lookup chain came from the datastore
+    verified_rows: int = 0  # tree + lookup rows verified, summed over steps
 
     @property
     def steps(self) -> int:
@@ -74,6 +77,11 @@ class GenerationStats:
     @property
     def mean_tokens_per_step(self) -> float:
         return sum(self.tokens_per_step) / self.steps if self.steps else 0.0
+
+    @property
+    def mean_verified_rows(self) -> float:
+        """Rows (tree nodes + lookup guesses, the root included) the target verified per step."""
+        return self.verified_rows / self.steps if self.steps else 0.0
 
     @property
     def acceptance_rate_by_depth(self) -> list[float]:
@@ -91,6 +99,8 @@ class GenerationStats:
             "acceptance_rate_by_depth": self.acceptance_rate_by_depth,
             "lookup_steps": self.lookup_steps,
             "datastore_steps": self.datastore_steps,
+            "verified_rows": self.verified_rows,
+            "mean_verified_rows": self.mean_verified_rows,
             "tree_nodes": self.tree_nodes,
             "tree_depth": self.tree_depth,
         }
@@ -117,12 +127,26 @@ def head_guesses(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Ten
     return tree_tokens(tree, root_token, guesses)
 
 
-def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree, lookup_chain: torch.Tensor | None = None) -> DraftTree:
-    """This step's candidates: the heads' guesses on ``tree``, plus a prompt-lookup chain grafted from the root."""
-    draft = draft_tree(tree, head_guesses(model, hidden, root_token, tree))
-    if lookup_chain is None or lookup_chain.numel() == 0:
-        return draft
-    return graft_chain(draft, lookup_chain)
+def dynamic_step_tree(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, policy: DynamicTree, chain: torch.Tensor) -> tuple[Tree, torch.Tensor]:
+    """(this step's tree, its tokens [N]): the policy's choice from the heads' confidence in their guesses."""
+    depth = min(policy.depth, model.num_heads)
+    if depth == 0 or policy.max_nodes == 1:
+        return policy.choose([]), root_token.view(1)
+    ranks = min(policy.max_nodes - 1, model.guess_vocab_size)  # all nodes may be siblings
+    guesses, probabilities = model.head_topk_probabilities(hidden, ranks, depth, next_tokens=root_token.view(()))  # [depth, k]
+    tree = policy.choose(probabilities.tolist(), chain_ranks(guesses, chain), chain.numel())
+    return tree, tree_tokens(tree, root_token, guesses)
+
+
+def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree | DynamicTree, lookup_chain: torch.Tensor | None = None) -> DraftTree:
+    """This step's candidates: the heads' guesses on ``tree`` (or the tree a dynamic policy picks), plus a lookup chain grafted from the root."""
+    chain = lookup_chain if lookup_chain is not None else NO_CHAIN
+    if isinstance(tree, DynamicTree):
+        tree, tokens = dynamic_step_tree(model, hidden, root_token, tree, chain)
+    else:
+        tokens = head_guesses(model, hidden, root_token, tree)
+    draft = draft_tree(tree, tokens)
+    return graft_chain(draft, chain) if chain.numel() else draft
 
 
 def lookup_chain(history: torch.Tensor, lookup_tokens: int, datastore: Datastore | None, datastore_tokens: int) -> tuple[torch.Tensor, bool]:
@@ -245,7 +269,7 @@ def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, b
     return tokens[: int(hits[0]) + 1], True
 
 
-def record_step(stats: GenerationStats, accepted_guesses: int, used_lookup: bool, from_datastore: bool = False) -> None:
+def record_step(stats: GenerationStats, accepted_guesses: int, used_lookup: bool, from_datastore: bool, verified_rows: int) -> None:
     """Count one verification step (lookup chains may reach deeper than the heads' tree)."""
     stats.accepted_at_depth.extend([0] * (accepted_guesses - len(stats.accepted_at_depth)))
     for depth in range(accepted_guesses):
@@ -253,6 +277,7 @@ def record_step(stats: GenerationStats, accepted_guesses: int, used_lookup: bool
     stats.tokens_per_step.append(accepted_guesses + 1)
     stats.lookup_steps += used_lookup
     stats.datastore_steps += used_lookup and from_datastore
+    stats.verified_rows += verified_rows
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -265,7 +290,7 @@ def generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    tree: Tree | Iterable[Sequence[int]] | None = None,
+    tree: Tree | DynamicTree | Iterable[Sequence[int]] | None = None,
     lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
     datastore: Datastore | None | bool = True,
     datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
@@ -277,7 +302,8 @@ def generate(
 
     Greedy (``temperature=0``) returns the tokens of ``model.base_model.generate(do_sample=False)``;
     with ``temperature > 0`` (and optional ``top_k`` / ``top_p``) tokens follow exactly the target's
-    sampling distribution. ``tree`` is a :class:`Tree` or a list of top-k rank paths (default:
+    sampling distribution. ``tree`` is a :class:`Tree`, a list of top-k rank paths, or a
+    :class:`~medusa_lite.dynamic_tree.DynamicTree` policy choosing each step's tree (default:
     ``model.tree``). ``lookup_tokens``: the most prompt-lookup guesses grafted onto the tree each
     step (copied from the prompt and the text so far, at most 2 per matched token; 0 = heads only).
     ``datastore``: where to look when the text has no 2-token match (:mod:`medusa_lite.datastore`):
@@ -298,8 +324,9 @@ def generate(
     check_tree_attention_supported(model.base_model)
     prompt = as_prompt(input_ids, model.device)
     check_token_ids(prompt, model.config.vocab_size)
-    full_tree = as_tree(tree, model.num_heads) if tree is not None else model.tree
-    check_topk_fits(full_tree, model.guess_vocab_size)
+    full_tree = (as_tree(tree, model.num_heads) if tree is not None else model.tree).pruned(model.num_heads)
+    if isinstance(full_tree, Tree):  # a dynamic tree uses only the ranks there are
+        check_topk_fits(full_tree, model.guess_vocab_size)
     check_context(prompt.numel(), max_new_tokens, context_limit(model))
     eos = eos_ids(eos_token_id, model)
 
@@ -343,7 +370,7 @@ def generate(
         keep_accepted_in_cache(cache, prefix_len, path)
         root = target_tokens[path[-1:]]
         hidden = verified.hidden[path[-1]]
-        record_step(stats, path.numel() - 1, bool(draft.from_lookup[path.cpu()].any()), from_datastore)
+        record_step(stats, path.numel() - 1, bool(draft.from_lookup[path.cpu()].any()), from_datastore, draft.num_nodes)
         finished = commit(torch.cat([draft.tokens[path[1:]], root]))
 
     sequences = history[None]

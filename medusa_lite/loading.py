@@ -6,7 +6,8 @@ does the same for any Hugging Face causal LM and a heads folder or Hub repo.
 
 Which tree the returned model decodes with (``model.tree``), first match wins:
 
-1. the ``tree=`` argument: a :class:`Tree`, a list of rank paths, or a ``tree.json`` file;
+1. the ``tree=`` argument: a :class:`Tree`, a :class:`DynamicTree`, a list of rank paths, or a
+   ``tree.json`` file (its dynamic policy when it has one);
 2. ``tree.json`` next to the heads, written by ``infer/calibrate_tree.py`` for the hardware it
    ran on (rerun it on yours: it overwrites that file);
 3. :func:`default_tree_for` the heads: ``training_summary["tree"]``, else Medusa's greedy
@@ -30,6 +31,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from medusa_lite.attention import TREE_SDPA
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
+from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, DynamicTree
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import MedusaHeads
@@ -45,7 +47,7 @@ ATTN_IMPLEMENTATION = TREE_SDPA
 # "auto" = default_dtype(device). Command-line names of the dtypes.
 DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
 
-TreeSpec = Tree | Iterable[Sequence[int]] | str | os.PathLike | None
+TreeSpec = Tree | DynamicTree | Iterable[Sequence[int]] | str | os.PathLike | None
 DatastoreSpec = Datastore | str | os.PathLike | bool | None
 
 
@@ -59,8 +61,13 @@ def default_tree_for(heads: MedusaHeads, num_nodes: int = DEFAULT_TREE_NODES) ->
     return tree_for_heads(heads.config.num_heads, heads.config.training_summary, num_nodes)
 
 
-def read_tree_file(path: str | os.PathLike) -> Tree:
-    """The tree in a ``tree.json`` file: ``{"paths": [[0], [0, 0], ...], ...}`` (other keys are notes)."""
+def read_tree_file(path: str | os.PathLike, *, dynamic: bool = True) -> Tree | DynamicTree:
+    """The tree in a ``tree.json`` file: ``{"paths": [[0], [0, 0], ...], ...}`` (other keys are notes).
+
+    With a ``"dynamic"`` entry (``{"max_nodes", "row_costs", "tokens_per_cost"}``, see
+    :class:`DynamicTree`) the file describes a per-step policy, returned unless ``dynamic=False``;
+    ``"paths"`` is then the static tree for the same hardware.
+    """
     path = Path(path)
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
@@ -70,15 +77,30 @@ def read_tree_file(path: str | os.PathLike) -> Tree:
         raise TreeError(f"tree file {path} is not valid JSON ({error})") from error
     if not isinstance(values, dict) or "paths" not in values:
         raise TreeError(f"tree file {path} must hold a JSON object with a 'paths' list of top-k rank paths")
+    if dynamic and values.get("dynamic") is not None:
+        return dynamic_tree_from(values["dynamic"], path)
     return Tree.from_paths(values["paths"])
 
 
-def write_tree_file(path: str | os.PathLike, tree: Tree, notes: dict) -> Path:
-    """Write ``tree.json``: the tree's paths plus free-form ``notes`` (how it was chosen)."""
+def dynamic_tree_from(values: object, path: Path) -> DynamicTree:
+    """The :class:`DynamicTree` a tree file's ``"dynamic"`` entry describes; a clear error if it is malformed."""
+    keys = {"max_nodes", "row_costs"}
+    if not isinstance(values, dict) or not keys <= values.keys() or not isinstance(values["row_costs"], list):
+        raise TreeError(f"tree file {path}: 'dynamic' must be an object with 'max_nodes', a 'row_costs' list and optionally 'tokens_per_cost'")
+    try:
+        return DynamicTree(values["max_nodes"], tuple(values["row_costs"]), values.get("tokens_per_cost", DEFAULT_TOKENS_PER_COST))
+    except TreeError as error:
+        raise TreeError(f"tree file {path}: {error}") from error
+
+
+def write_tree_file(path: str | os.PathLike, tree: Tree, notes: dict, dynamic: DynamicTree | None = None) -> Path:
+    """Write ``tree.json``: the tree's paths, a dynamic policy if given, and free-form ``notes`` (how they were chosen)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    values = {"format": TREE_FILE_FORMAT, "num_nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths], **notes}
-    path.write_text(json.dumps(values, indent=1) + "\n", encoding="utf-8")
+    values = {"format": TREE_FILE_FORMAT, "num_nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths]}
+    if dynamic is not None:
+        values["dynamic"] = {"max_nodes": dynamic.max_nodes, "row_costs": list(dynamic.row_costs), "tokens_per_cost": dynamic.tokens_per_cost}
+    path.write_text(json.dumps({**values, **notes}, indent=1) + "\n", encoding="utf-8")
     return path
 
 
@@ -111,9 +133,9 @@ def resolve_datastore(datastore: DatastoreSpec, heads_source: str | os.PathLike 
     return Datastore.load(datastore, vocab_size)
 
 
-def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: str | os.PathLike | None) -> Tree:
+def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: str | os.PathLike | None) -> Tree | DynamicTree:
     """Apply the precedence documented at the top of this module."""
-    if isinstance(tree, Tree):
+    if isinstance(tree, (Tree, DynamicTree)):
         resolved = tree
     elif isinstance(tree, (str, os.PathLike)):
         resolved = read_tree_file(tree)

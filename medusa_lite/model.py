@@ -19,6 +19,7 @@ from medusa_lite.attention import TREE_SDPA
 from medusa_lite.datastore import Datastore
 from medusa_lite.errors import IncompatibleHeadsError, TreeError, UnsupportedModelError
 from medusa_lite.heads import DraftLMHead, MedusaConfig, MedusaHeads
+from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.tree import Tree, as_tree, tree_for_heads
 
 # Attention implementations known to apply an arbitrary additive 4D mask (tree attention).
@@ -103,7 +104,7 @@ class MedusaModel(nn.Module):
         check_heads_fit(base_model, heads.config)
         self.base_model = base_model
         self.heads = heads
-        self.tree: Tree = as_tree(tree, heads.config.num_heads) if tree is not None else tree_for_heads(heads.config.num_heads, heads.config.training_summary)
+        self.tree: Tree | DynamicTree = as_tree(tree, heads.config.num_heads) if tree is not None else tree_for_heads(heads.config.num_heads, heads.config.training_summary)
         if datastore is not None:
             datastore.check_fits(heads.config.vocab_size)  # = the target's, checked just above
         self.datastore: Datastore | None = datastore
@@ -202,12 +203,22 @@ class MedusaModel(nn.Module):
         Always full-vocabulary token ids, with or without a draft vocabulary. ``next_tokens``: as
         in :meth:`head_logits`.
         """
+        return self.ranked_guesses(self.head_logits(hidden, num_heads, next_tokens), k)[0]
+
+    def head_topk_probabilities(self, hidden: torch.Tensor, k: int, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As :meth:`head_topk`, with each guess's probability under its head's softmax (same shape)."""
+        logits = self.head_logits(hidden, num_heads, next_tokens)
+        token_ids, top_logits = self.ranked_guesses(logits, k)
+        return token_ids, (top_logits - torch.logsumexp(logits, dim=-1, keepdim=True)).exp()
+
+    def ranked_guesses(self, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Head logits [..., G] -> (the ``k`` likeliest full-vocabulary token ids, their logits), best first."""
         if k > self.guess_vocab_size:
             among = "their draft vocabulary" if self.heads.draft_token_ids is not None else "the vocabulary"
             raise TreeError(f"asked for each head's top-{k} guesses but the heads guess among only {self.guess_vocab_size} tokens ({among})")
-        ranked = self.head_logits(hidden, num_heads, next_tokens).topk(k, dim=-1).indices
+        ranked = logits.topk(k, dim=-1)
         ids = self.heads.draft_token_ids
-        return ranked if ids is None else ids[ranked]
+        return (ranked.indices if ids is None else ids[ranked.indices]), ranked.values
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Base logits [B, T, V] and head logits [B, T, K, G] from one forward (G: see :meth:`head_logits`).

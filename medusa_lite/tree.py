@@ -15,10 +15,14 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from medusa_lite.errors import TreeError
+
+if TYPE_CHECKING:
+    from medusa_lite.dynamic_tree import DynamicTree
 
 Path = tuple[int, ...]
 
@@ -127,36 +131,44 @@ def check_topk_fits(tree: Tree, guess_vocab_size: int) -> None:
         raise TreeError(f"tree uses top-{widest} guesses but the heads guess among only {guess_vocab_size} tokens")
 
 
+def ranked_paths(rank_probability: Sequence[Sequence[float]], count: int) -> list[tuple[float, Path]]:
+    """The ``count`` likeliest paths of top-k ranks, best first, each with its probability.
+
+    ``rank_probability[d][r]`` is the chance that head d+1's rank-r guess is right; ranks must be
+    sorted likeliest first (as top-k is). A path's probability is the product of its ranks' (heads
+    taken as independent). Extending a path or moving to a later sibling can only lower the
+    probability, so a best-first search from ``(0,)`` yields paths in order without enumerating
+    them all, and every prefix of the result is a valid tree (each path's parent comes before it).
+    """
+    heap: list[tuple[float, Path, float]] = []  # (-probability, path, its parent's probability)
+
+    def push(path: Path, parent_probability: float) -> None:
+        depth, rank = len(path) - 1, path[-1]
+        if depth < len(rank_probability) and rank < len(rank_probability[depth]):
+            heapq.heappush(heap, (-parent_probability * rank_probability[depth][rank], path, parent_probability))
+
+    push((0,), 1.0)
+    ranked: list[tuple[float, Path]] = []
+    while heap and len(ranked) < count:
+        negative, path, parent_probability = heapq.heappop(heap)
+        ranked.append((-negative, path))
+        push(path + (0,), -negative)  # first child
+        push(path[:-1] + (path[-1] + 1,), parent_probability)  # next sibling
+    return ranked
+
+
 def best_tree(topk_accuracy: Sequence[Sequence[float]], num_nodes: int) -> Tree:
     """The tree of ``num_nodes - 1`` guesses that maximises the expected accepted length.
 
     ``topk_accuracy[d][r]`` is the probability that head d+1's rank-r guess is the right token
     (measured on held-out data). Assuming heads are independent, a path's chance of being
     accepted is the product of its ranks' accuracies, and the expected number of accepted
-    guesses is the sum of that over all paths of the tree. Because extending a path can only
-    lower its probability, taking paths greedily by probability gives the optimal tree
-    (Medusa's construction); a best-first search does it without enumerating all paths.
+    guesses is the sum of that over all paths of the tree, so the likeliest paths
+    (:func:`ranked_paths`) make the optimal tree (Medusa's construction).
     """
     if num_nodes < 1:
         raise TreeError(f"a tree has at least its root: num_nodes must be >= 1, got {num_nodes}")
-    heap: list[tuple[float, Path]] = []
-
-    def push(path: Path) -> None:
-        depth, rank = len(path) - 1, path[-1]
-        if depth < len(topk_accuracy) and rank < len(topk_accuracy[depth]):
-            probability = 1.0
-            for d, r in enumerate(path):
-                probability *= topk_accuracy[d][r]
-            heapq.heappush(heap, (-probability, path))
-
-    push((0,))
-    chosen: list[Path] = []
-    while heap and len(chosen) < num_nodes - 1:
-        _, path = heapq.heappop(heap)
-        chosen.append(path)
-        push(path + (0,))  # first child
-        push(path[:-1] + (path[-1] + 1,))  # next sibling
-    return Tree.from_paths(chosen)
+    return Tree.from_paths(path for _, path in ranked_paths(topk_accuracy, num_nodes - 1))
 
 
 def expected_accepted_tokens(tree: Tree, topk_accuracy: Sequence[Sequence[float]]) -> float:
@@ -202,11 +214,13 @@ def tree_for_heads(num_heads: int, training_summary: dict | None, num_nodes: int
     return tree
 
 
-def as_tree(tree: "Tree | Iterable[Sequence[int]] | None", num_heads: int) -> Tree:
-    """Normalise the ``tree=`` argument of ``generate``: None -> default, paths -> Tree."""
+def as_tree(tree: "Tree | DynamicTree | Iterable[Sequence[int]] | None", num_heads: int) -> "Tree | DynamicTree":
+    """Normalise the ``tree=`` argument of ``generate``: None -> default, paths -> Tree; a Tree or DynamicTree as is."""
+    from medusa_lite.dynamic_tree import DynamicTree  # it builds on this module
+
     if tree is None:
         resolved = default_tree(num_heads)
-    elif isinstance(tree, Tree):
+    elif isinstance(tree, (Tree, DynamicTree)):
         resolved = tree
     else:
         paths = list(tree)

@@ -10,7 +10,10 @@ import torch
 
 from test_cli import import_infer_script, save_tiny_checkpoint
 
+from medusa_lite import DynamicTree, Tree
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
+from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
+from medusa_lite.loading import write_tree_file
 
 benchmark = import_infer_script("benchmark")
 microbench = import_infer_script("microbench")
@@ -36,7 +39,7 @@ def test_stratified_subset_and_rotation():
     assert len({q["question_id"] for q in subset}) == 26
     assert len(benchmark.stratified_subset(questions, 5)) == 5
     assert benchmark.stratified_subset(QUESTIONS, 10) == [QUESTIONS[0], QUESTIONS[1], QUESTIONS[2]]
-    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == ["plain", "pld", "medusa", "no_datastore", "heads"]
+    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == ["plain", "pld", "medusa", "static_tree", "no_datastore"]
 
 
 def test_first_difference():
@@ -97,6 +100,24 @@ def test_benchmark_runs_a_subset_of_methods(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert set(results["summary"]["overall"]) == {"plain", "heads"}  # plain always runs: it is the reference
     assert "heads only speed-up" in (out / "results.md").read_text()
+
+
+def test_benchmark_compares_a_dynamic_tree_with_the_static_one(tmp_path):
+    model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
+    policy = DynamicTree(6, (1.0, 1.0, 1.05, 1.1, 1.1, 1.2), tokens_per_cost=0.5)
+    write_tree_file(heads_dir / "tree.json", Tree.from_paths([[0], [1], [0, 0]]), {}, policy)
+    questions_file = tmp_path / "questions.jsonl"
+    questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2]))
+    out = tmp_path / "bench"
+    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file), "--methods", "medusa", "static_tree"]
+    assert benchmark.main([*args, "--max-new-tokens", "12", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["dynamic_tree"]["max_nodes"] == 6 and results["static_tree"] == [[0], [1], [0, 0]] and results["tree"] is None
+    overall = results["summary"]["overall"]
+    assert overall["medusa"]["identical_fraction"] == 1.0 and overall["static_tree"]["identical_fraction"] == 1.0
+    assert 1.0 <= overall["static_tree"]["mean_verified_rows"] <= 4 + DEFAULT_LOOKUP_TOKENS
+    assert 1.0 <= overall["medusa"]["mean_verified_rows"] <= 6 + DEFAULT_LOOKUP_TOKENS
+    assert "dynamic tree of up to 6 nodes" in (out / "results.md").read_text()
 
 
 def test_microbench_runs_on_a_tiny_random_model(capsys):

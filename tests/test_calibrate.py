@@ -10,10 +10,13 @@ from test_cli import NUM_HEADS, TOPK_ACCURACY, import_infer_script, save_tiny_ch
 from tiny_models import OracleMedusaModel, random_heads, tiny_base_model
 from transformers import DynamicCache
 
-from medusa_lite import MedusaModel
+from medusa_lite import DynamicTree, MedusaModel
 from medusa_lite.cli import plain_generate
-from medusa_lite.loading import load, verification_rows
-from medusa_lite.prepack import mkl_packing_available, prepacked_rows
+from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST, row_costs_from_table
+from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
+from medusa_lite.loading import load, read_tree_file, verification_rows
+from medusa_lite.kernels import row_gemm_available
+from medusa_lite.prepack import MKL, mkl_packing_available, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree, best_tree, expected_accepted_tokens
 
@@ -66,8 +69,9 @@ def test_measure_step_costs_on_tiny_model():
 
 
 @pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed linear ops")
-def test_prepacked_timing_packs_each_tree_as_load_would(monkeypatch):
-    """With prepack, every timed block runs with the target packed for that tree (+ lookup chain)."""
+def test_mkl_prepacked_timing_packs_each_tree_as_load_would(monkeypatch):
+    """With MKL packing (a copy per row count), every timed block runs with the target packed for that tree (+ lookup chain)."""
+    monkeypatch.setattr(calibrate_tree, "default_backend", lambda: MKL)
     base = tiny_base_model()
     model = MedusaModel(base, random_heads(base, NUM_HEADS))
     trees = calibrate_tree.trees_for_sizes(TOPK_ACCURACY, [1, 4, 8])
@@ -83,6 +87,27 @@ def test_prepacked_timing_packs_each_tree_as_load_would(monkeypatch):
     assert [c.num_nodes for c in costs] == [1, 4, 8]
     expected = [verification_rows(trees[i].num_nodes) for i in calibrate_tree.timing_order(len(trees))]
     assert packed_for == expected
+
+
+@pytest.mark.skipif(not row_gemm_available(), reason="the row_gemm kernel is not available on this CPU")
+def test_row_gemm_timing_packs_once_and_interleaves_sizes(monkeypatch):
+    """One packed copy for the largest tree (+ lookup chain); every round times each tree once, in a shuffled order."""
+    base = tiny_base_model()
+    model = MedusaModel(base, random_heads(base, NUM_HEADS))
+    trees = calibrate_tree.trees_for_sizes(TOPK_ACCURACY, [1, 4, 8])
+    timed: list[tuple[int, int | None]] = []
+    original = calibrate_tree.timed_step
+
+    def recording(model, cache, hidden, root, tree):
+        timed.append((tree.num_nodes, prepacked_rows(model.base_model)))
+        return original(model, cache, hidden, root, tree)
+
+    monkeypatch.setattr(calibrate_tree, "timed_step", recording)
+    calibrate_tree.measure_step_costs(model, trees, prefix_tokens=24, repeats=5, warmup=1, prepack=True)
+    assert {rows for _, rows in timed} == {verification_rows(8)}
+    rounds = [sorted(nodes for nodes, _ in timed[start : start + 3]) for start in range(0, len(timed), 3)]
+    assert rounds == [[1, 4, 8]] * 6  # 1 warm-up + 5 timed rounds
+    assert len({tuple(nodes for nodes, _ in timed[start : start + 3]) for start in range(0, len(timed), 3)}) > 1, "orders are shuffled"
 
 
 def test_measured_accuracy_of_oracle_heads_is_perfect():
@@ -117,6 +142,20 @@ def test_calibration_writes_tree_json_that_load_uses(checkpoint, capsys):
     chosen = written["chosen"]["num_nodes"]
     assert chosen == max(written["table"], key=lambda row: row["predicted_speedup"])["num_nodes"]
     assert Tree.from_paths(written["paths"]) == best_tree(TOPK_ACCURACY, chosen)
+    # The dynamic policy, priced by the same table (every size up to 8 nodes + the 6-token lookup chain).
+    table = [{"num_nodes": row["num_nodes"], "relative_cost": row["relative_cost"]} for row in written["table"]]
+    policy = DynamicTree(DEFAULT_MAX_NODES, row_costs_from_table(table, DEFAULT_MAX_NODES + DEFAULT_LOOKUP_TOKENS), DEFAULT_TOKENS_PER_COST)
+    assert written["dynamic"]["max_nodes"] == DEFAULT_MAX_NODES and written["dynamic"]["row_costs"] == pytest.approx(policy.row_costs)
+    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree == read_tree_file(heads_dir / "tree.json")
+    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree.row_costs == pytest.approx(policy.row_costs)
+    assert read_tree_file(heads_dir / "tree.json", dynamic=False) == best_tree(TOPK_ACCURACY, chosen)
+    # A static tree chosen elsewhere (e.g. by a replay with the lookup chain) is kept as given.
+    assert calibrate_tree.main(["--model", str(model_dir), "--heads", str(heads_dir), "--static-paths", "[[0], [1]]", *QUICK_ARGS]) == 0
+    assert read_tree_file(heads_dir / "tree.json", dynamic=False) == Tree.from_paths([[0], [1]])
+    assert json.loads((heads_dir / "tree.json").read_text())["static_paths_source"] == "--static-paths"
+    # Without a dynamic policy, load decodes with the static tree.
+    assert calibrate_tree.main(["--model", str(model_dir), "--heads", str(heads_dir), "--dynamic-max-nodes", "0", *QUICK_ARGS]) == 0
+    assert "dynamic" not in json.loads((heads_dir / "tree.json").read_text())
     assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree == best_tree(TOPK_ACCURACY, chosen)
     (heads_dir / "tree.json").unlink()
 

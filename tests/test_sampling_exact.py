@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from medusa_lite import MedusaModel, SamplingSettings, Tree, generate, logits_to_probs
+from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, Tree, generate, logits_to_probs
 from medusa_lite.datastore import Datastore
 from medusa_lite.generate import accepted_path
 from medusa_lite.sampling import pick_tokens
@@ -31,6 +31,8 @@ PROMPT = torch.tensor([[0, 2, 1]])
 FULL_TREE = Tree.from_paths([p for depth in (1, 2) for p in itertools.product(range(VOCAB), repeat=depth)])
 PARTIAL_TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
 NO_TREE = Tree.from_paths([])
+# Up to 6 nodes, each row 0.05 dearer, a node kept when its path is > 2.5% likely: shapes vary per step.
+DYNAMIC_TREE = DynamicTree(6, tuple(1.0 + 0.05 * rows for rows in range(16)), tokens_per_cost=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -101,8 +103,10 @@ DATASTORE = Datastore.from_documents([torch.randint(0, VOCAB, (12,), generator=t
         (SamplingSettings(0.7), PARTIAL_TREE, 3, None),
         # Datastore chains where the text has no 2-token match, prompt lookup elsewhere.
         (SamplingSettings(0.7), PARTIAL_TREE, 3, DATASTORE),
+        # A dynamic tree: each step's shape from the heads' confidence, with a lookup chain.
+        (SamplingSettings(0.7), DYNAMIC_TREE, 3, None),
     ],
-    ids=["T1.0-full-tree", "T0.7-partial-tree", "T0.7-topk2", "T1.0-topp0.8", "T1.0-lookup-only", "T0.7-tree+lookup", "T0.7-tree+lookup+datastore"],
+    ids=["T1.0-full-tree", "T0.7-partial-tree", "T0.7-topk2", "T1.0-topp0.8", "T1.0-lookup-only", "T0.7-tree+lookup", "T0.7-tree+lookup+datastore", "T0.7-dynamic+lookup"],
 )
 def test_medusa_sampling_matches_exact_target_distribution(model, settings, tree, lookup_tokens, datastore):
     exact = exact_distribution(model.base_model, settings)

@@ -1,0 +1,149 @@
+"""Dynamic trees: each step's tree from the heads' confidence and the cost of verifying rows."""
+
+import json
+
+import pytest
+import torch
+
+from medusa_lite import DynamicTree, MedusaModel, Tree, TreeError, generate
+from medusa_lite.dynamic_tree import chain_prefixes, chain_ranks, row_costs_from_table
+from medusa_lite.loading import read_tree_file, write_tree_file
+from medusa_lite.tree import best_tree, ranked_paths
+from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
+
+FLAT_COSTS = (1.0,) * 32  # every row free: a step keeps all the nodes it may
+CONFIDENT = [[0.9, 0.05, 0.03], [0.8, 0.1, 0.05], [0.7, 0.1, 0.05]]
+UNSURE = [[0.3, 0.25, 0.2], [0.1, 0.05, 0.05], [0.05, 0.05, 0.05]]
+# A step of r rows costs 1 + 0.05 (r - 1): a node pays its way when its path is > 0.1 likely (at 2 tokens per unit).
+GENTLE_COSTS = tuple(1.0 + 0.05 * rows for rows in range(32))
+
+
+def path_probability(table, path):
+    probability = 1.0
+    for depth, rank in enumerate(path):
+        probability *= table[depth][rank]
+    return probability
+
+
+def test_ranked_paths_are_best_first_and_every_prefix_is_a_tree():
+    ranked = ranked_paths(CONFIDENT, 12)
+    probabilities = [p for p, _ in ranked]
+    assert probabilities == sorted(probabilities, reverse=True)
+    assert all(p == pytest.approx(path_probability(CONFIDENT, path)) for p, path in ranked)
+    for count in range(len(ranked) + 1):
+        Tree.from_paths([path for _, path in ranked[:count]])  # raises if a parent is missing
+    # Exhaustive check on a small table: the top 5 are the 5 likeliest of all paths.
+    every = [(path_probability(UNSURE, (a,)), (a,)) for a in range(3)]
+    every += [(path_probability(UNSURE, (a, b)), (a, b)) for a in range(3) for b in range(3)]
+    every += [(path_probability(UNSURE, (a, b, c)), (a, b, c)) for a in range(3) for b in range(3) for c in range(3)]
+    assert sorted(p for p, _ in ranked_paths(UNSURE, 5)) == pytest.approx(sorted(p for p, _ in every)[-5:])
+
+
+def test_best_tree_is_the_top_ranked_paths():
+    assert set(best_tree(CONFIDENT, 6).paths) == {path for _, path in ranked_paths(CONFIDENT, 5)}
+
+
+def test_confident_heads_get_a_deep_tree_unsure_ones_a_wide_one():
+    policy = DynamicTree(4, GENTLE_COSTS)
+    assert policy.choose(CONFIDENT).paths == ((0,), (0, 0), (0, 0, 0))
+    assert policy.choose(UNSURE).paths == ((0,), (1,), (2,))
+
+
+def test_tree_size_follows_the_price_of_rows():
+    assert DynamicTree(6, FLAT_COSTS).choose(UNSURE).num_nodes == 6  # free rows: take all
+    assert DynamicTree(6, (1.0,) + (100.0,) * 10).choose(CONFIDENT).num_nodes == 1  # any guess costs too much
+    cheap, dear = DynamicTree(8, GENTLE_COSTS, tokens_per_cost=0.5), DynamicTree(8, GENTLE_COSTS, tokens_per_cost=8.0)
+    assert cheap.choose(UNSURE).num_nodes > dear.choose(UNSURE).num_nodes
+    # Every kept path is worth its extra row: p > tokens_per_cost * 0.05 = 0.1.
+    assert all(path_probability(UNSURE, path) > 0.1 for path in DynamicTree(8, GENTLE_COSTS).choose(UNSURE).paths)
+
+
+def test_chain_tokens_on_kept_nodes_cost_no_extra_row():
+    # (0,) is worth 0.12 tokens; its row costs 0.05 * 2 = 0.1 tokens on top of the chain's rows.
+    table = [[0.12, 0.01], [0.01, 0.01]]
+    policy = DynamicTree(3, GENTLE_COSTS)
+    assert policy.choose(table).paths == ((0,),)
+    # A 2-token chain elsewhere: 1 + 2 rows without the node, 1 + 1 + 2 with it; still worth it.
+    assert policy.choose(table, chain_ranks=[None, None], chain_length=2).paths == ((0,),)
+    # With costs that jump at 4 rows, the node is only worth it if the chain's first token sits on it.
+    jump = (1.0, 1.0, 1.0, 2.0, 2.0)
+    assert DynamicTree(3, jump).choose(table, chain_ranks=[None, None], chain_length=2).paths == ()
+    assert DynamicTree(3, jump).choose(table, chain_ranks=[0, None], chain_length=2).paths == ((0,),)
+
+
+def test_chain_ranks_and_prefixes():
+    guesses = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13]])
+    assert chain_ranks(guesses, torch.tensor([6, 10, 99, 11])) == [1, 2, None]
+    assert chain_ranks(guesses, torch.tensor([], dtype=torch.long)) == []
+    assert chain_prefixes([1, 2, None, 0]) == [(1,), (1, 2)]
+
+
+def test_costs_are_made_monotone_and_extrapolated():
+    policy = DynamicTree(4, (1.0, 1.2, 1.1, 1.3))
+    assert policy.row_costs == pytest.approx((1.0, 1.15, 1.15, 1.3))  # the dip averaged away
+    assert policy.cost(8) == pytest.approx(2.6)
+    assert DynamicTree(5, (1.0, 1.3, 1.1, 1.0, 1.4)).row_costs == pytest.approx((1.0, 3.4 / 3, 3.4 / 3, 3.4 / 3, 1.4))
+    table = [{"num_nodes": 1, "relative_cost": 1.0}, {"num_nodes": 4, "relative_cost": 1.2}, {"num_nodes": 8, "relative_cost": 1.6}]
+    assert row_costs_from_table(table, 10) == pytest.approx((1.0, 1.2, 1.2, 1.2, 1.6, 1.6, 1.6, 1.6, 1.8, 2.0))
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ((0, (1.0,)), "max_nodes"),
+        ((4, ()), "row_costs"),
+        ((4, (1.0, -1.0)), "row_costs"),
+        ((4, (1.0, float("nan"))), "row_costs"),
+        ((4, (1.0,), 0.0), "tokens_per_cost"),
+    ],
+)
+def test_bad_policies_are_refused(arguments, message):
+    with pytest.raises(TreeError, match=message):
+        DynamicTree(*arguments)
+
+
+@pytest.mark.parametrize("tokens_per_cost", [0.01, 2.0])
+@pytest.mark.parametrize("lookup_tokens", [0, 4])
+def test_random_heads_match_plain_greedy(tokens_per_cost, lookup_tokens):
+    base = tiny_base_model("llama", vocab_size=96, seed=3)
+    model = MedusaModel(base, random_heads(base, num_heads=3, seed=4))
+    policy = DynamicTree(8, GENTLE_COSTS, tokens_per_cost)
+    generator = torch.Generator().manual_seed(5)
+    for _ in range(6):
+        prompt = torch.randint(0, 96, (1, int(torch.randint(1, 20, (1,), generator=generator))), generator=generator)
+        out = generate(model, prompt, 40, tree=policy, lookup_tokens=lookup_tokens)
+        assert torch.equal(out.sequences, plain_greedy(base, prompt, 40))
+
+
+class ConfidentOracle(OracleMedusaModel):
+    """Oracle heads whose softmax puts nearly all mass on the right guess."""
+
+    def head_logits(self, hidden, num_heads=None, next_tokens=None):
+        return 50.0 * super().head_logits(hidden, num_heads, next_tokens)
+
+
+def test_confident_oracle_goes_as_deep_as_the_heads_every_step():
+    base = tiny_base_model("llama", vocab_size=96, seed=7)
+    prompt = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(8))
+    expected = plain_greedy(base, prompt, 40)
+    oracle = ConfidentOracle(base, random_heads(base, num_heads=4), expected[0])
+    out = generate(oracle, prompt, 40, tree=DynamicTree(8, GENTLE_COSTS), lookup_tokens=0, datastore=False)
+    assert torch.equal(out.sequences, expected)
+    assert out.stats.tokens_per_step[:-1] == [5] * (out.stats.steps - 1)  # 4 heads + the bonus
+    assert out.stats.tree_depth == 4  # bound to the heads there are
+
+
+def test_tree_file_round_trip_with_a_dynamic_policy(tmp_path):
+    policy = DynamicTree(6, (1.0, 1.1, 1.2), tokens_per_cost=1.5)
+    path = write_tree_file(tmp_path / "tree.json", Tree.from_paths([[0], [1]]), {"note": "test"}, policy)
+    assert read_tree_file(path) == policy
+    assert read_tree_file(path, dynamic=False) == Tree.from_paths([[0], [1]])
+    values = json.loads(path.read_text())
+    values["dynamic"]["row_costs"] = "fast"
+    path.write_text(json.dumps(values))
+    with pytest.raises(TreeError, match="'dynamic' must be an object"):
+        read_tree_file(path)
+    values["dynamic"]["row_costs"] = [1.0, -2.0]
+    path.write_text(json.dumps(values))
+    with pytest.raises(TreeError, match="tree.json: row_costs"):
+        read_tree_file(path)
