@@ -75,6 +75,7 @@ def microbench(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int,
     medusa_tokens = medusa_out.sequences[0, prompt_len:]
     return {
         "tree_nodes": tree.num_nodes,
+        "tree": tree.describe(),
         "plain_tokens_per_second": plain_tokens.numel() / plain_seconds,
         "medusa_tokens_per_second": medusa_tokens.numel() / medusa_seconds,
         "medusa_mean_accepted_tokens": medusa_out.stats.mean_accepted_tokens,
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  plain model.generate: {result['plain_tokens_per_second']:8.1f} tokens/s, 1.00 mean accepted tokens")
     print(
         f"  medusa-lite         : {result['medusa_tokens_per_second']:8.1f} tokens/s, {result['medusa_mean_accepted_tokens']:.2f} mean accepted tokens "
-        f"({result['tree_nodes']}-node tree), identical to plain: {'yes' if result['identical'] else 'NO'}"
+        f"({result['tree']}), identical to plain: {'yes' if result['identical'] else 'NO'}"
     )
     return 0
 

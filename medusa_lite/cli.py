@@ -150,10 +150,10 @@ class Run:
         return self.tokens.numel() / self.seconds if self.seconds else 0.0
 
 
-def summary_line(run: Run, mean_accepted: float, tree_nodes: int, dtype: str) -> str:
+def summary_line(run: Run, mean_accepted: float, tree: str, dtype: str) -> str:
     return (
         f"[medusa-lite] {run.tokens.numel()} new tokens in {run.seconds:.2f} s: {run.tokens_per_second:.1f} tokens/s, "
-        f"{mean_accepted:.2f} mean accepted tokens per step ({tree_nodes}-node tree, {dtype}, {torch.get_num_threads()} threads)"
+        f"{mean_accepted:.2f} mean accepted tokens per step ({tree}, {dtype}, {torch.get_num_threads()} threads)"
     )
 
 
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> None:
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     output, seconds = timed(lambda: medusa_run(args.max_new_tokens, streamer))
     medusa = Run(output.sequences[0, input_ids.shape[1] :], seconds)
-    print(summary_line(medusa, output.stats.mean_accepted_tokens, tree.num_nodes, str(model.base_model.dtype).removeprefix("torch.")), flush=True)
+    print(summary_line(medusa, output.stats.mean_accepted_tokens, tree.describe(), str(model.base_model.dtype).removeprefix("torch.")), flush=True)
     if args.compare:
         tokens, seconds = timed(lambda: plain_run(args.max_new_tokens))
         print(compare_line(medusa, Run(tokens, seconds), settings.greedy), flush=True)

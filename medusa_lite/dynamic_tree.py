@@ -73,6 +73,9 @@ class DynamicTree:
         deepest = self.max_nodes - 1
         return deepest if self.max_depth is None else min(deepest, self.max_depth)
 
+    def describe(self) -> str:
+        return f"dynamic tree of up to {self.max_nodes} nodes (depth {self.depth})"
+
     def pruned(self, max_depth: int) -> "DynamicTree":
         return self if max_depth >= self.depth else replace(self, max_depth=max_depth)
 

@@ -9,7 +9,8 @@ Which tree the returned model decodes with (``model.tree``), first match wins:
 1. the ``tree=`` argument: a :class:`Tree`, a :class:`DynamicTree`, a list of rank paths, or a
    ``tree.json`` file (its dynamic policy when it has one);
 2. ``tree.json`` next to the heads, written by ``infer/calibrate_tree.py`` for the hardware it
-   ran on (rerun it on yours: it overwrites that file);
+   ran on (rerun it on yours: it overwrites that file): its dynamic policy when it has one, else
+   its static tree;
 3. :func:`default_tree_for` the heads: ``training_summary["tree"]``, else Medusa's greedy
    construction from ``training_summary["topk_accuracy"]``, else :func:`default_tree`.
 
@@ -148,7 +149,7 @@ def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: str | os.Path
     return resolved
 
 
-def tree_of(model: MedusaModel) -> Tree:
+def tree_of(model: MedusaModel) -> Tree | DynamicTree:
     """The tree ``model`` decodes with when ``generate`` is given none."""
     return model.tree
 

@@ -104,7 +104,8 @@ class MedusaModel(nn.Module):
         check_heads_fit(base_model, heads.config)
         self.base_model = base_model
         self.heads = heads
-        self.tree: Tree | DynamicTree = as_tree(tree, heads.config.num_heads) if tree is not None else tree_for_heads(heads.config.num_heads, heads.config.training_summary)
+        resolved = as_tree(tree, heads.config.num_heads) if tree is not None else tree_for_heads(heads.config.num_heads, heads.config.training_summary)
+        self.tree: Tree | DynamicTree = resolved.pruned(heads.config.num_heads)  # a dynamic tree guesses only as deep as the heads
         if datastore is not None:
             datastore.check_fits(heads.config.vocab_size)  # = the target's, checked just above
         self.datastore: Datastore | None = datastore

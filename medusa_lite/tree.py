@@ -108,6 +108,9 @@ class Tree:
                 mask[i, index[path[:cut]]] = True
         return mask
 
+    def describe(self) -> str:
+        return f"{self.num_nodes}-node tree (depth {self.depth})"
+
     def pruned(self, max_depth: int) -> "Tree":
         """The same tree without nodes deeper than ``max_depth`` (used near a length limit)."""
         return _pruned(self, max_depth)

@@ -146,7 +146,7 @@ def test_calibration_writes_tree_json_that_load_uses(checkpoint, capsys):
     table = [{"num_nodes": row["num_nodes"], "relative_cost": row["relative_cost"]} for row in written["table"]]
     policy = DynamicTree(DEFAULT_MAX_NODES, row_costs_from_table(table, DEFAULT_MAX_NODES + DEFAULT_LOOKUP_TOKENS), DEFAULT_TOKENS_PER_COST)
     assert written["dynamic"]["max_nodes"] == DEFAULT_MAX_NODES and written["dynamic"]["row_costs"] == pytest.approx(policy.row_costs)
-    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree == read_tree_file(heads_dir / "tree.json")
+    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree == read_tree_file(heads_dir / "tree.json").pruned(NUM_HEADS)  # as deep as the heads
     assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree.row_costs == pytest.approx(policy.row_costs)
     assert read_tree_file(heads_dir / "tree.json", dynamic=False) == best_tree(TOPK_ACCURACY, chosen)
     # A static tree chosen elsewhere (e.g. by a replay with the lookup chain) is kept as given.
