@@ -415,8 +415,7 @@ def static_tree_for(args: argparse.Namespace, model: MedusaModel) -> Tree | None
 def tree_settings(tree: Tree | DynamicTree) -> dict:
     """How ``results.json`` records the tree medusa decoded with."""
     if isinstance(tree, DynamicTree):
-        policy = {"max_nodes": tree.max_nodes, "row_costs": list(tree.row_costs), "tokens_per_cost": tree.tokens_per_cost}
-        return {"tree_nodes": tree.num_nodes, "tree": None, "dynamic_tree": policy}
+        return {"tree_nodes": tree.num_nodes, "tree": None, "dynamic_tree": tree.as_dict()}
     return {"tree_nodes": tree.num_nodes, "tree": [list(path) for path in tree.paths], "dynamic_tree": None}
 
 

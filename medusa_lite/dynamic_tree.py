@@ -73,6 +73,10 @@ class DynamicTree:
         deepest = self.max_nodes - 1
         return deepest if self.max_depth is None else min(deepest, self.max_depth)
 
+    def as_dict(self) -> dict:
+        """The policy as a tree file's ``"dynamic"`` entry records it (``max_depth`` is set at run time, not stored)."""
+        return {"max_nodes": self.max_nodes, "row_costs": list(self.row_costs), "tokens_per_cost": self.tokens_per_cost}
+
     def describe(self) -> str:
         return f"dynamic tree of up to {self.max_nodes} nodes (depth {self.depth})"
 

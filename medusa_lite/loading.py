@@ -100,7 +100,7 @@ def write_tree_file(path: str | os.PathLike, tree: Tree, notes: dict, dynamic: D
     path.parent.mkdir(parents=True, exist_ok=True)
     values = {"format": TREE_FILE_FORMAT, "num_nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths]}
     if dynamic is not None:
-        values["dynamic"] = {"max_nodes": dynamic.max_nodes, "row_costs": list(dynamic.row_costs), "tokens_per_cost": dynamic.tokens_per_cost}
+        values["dynamic"] = dynamic.as_dict()
     path.write_text(json.dumps({**values, **notes}, indent=1) + "\n", encoding="utf-8")
     return path
 
