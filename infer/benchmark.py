@@ -10,6 +10,12 @@ interleaved per question, in an order rotated per question so none always runs f
 thermal state); one warm-up run of each comes first.
 
 - ``plain``: ``model.generate(do_sample=False)``.
+- ``plain_kernel`` (on request): the same ``model.generate`` with its one-token steps through
+  medusa-lite's row_gemm kernel (``medusa_lite.prepack.packed_from_rows``). Where PyTorch's own
+  float32 one-row linear is slow (a 2-core AMD EPYC: plain decoding about twice as slow as
+  through the kernel) part of medusa-lite's speed-up over ``plain`` is the kernel's, not the
+  speculation's: ``speedup_vs_plain_kernel`` in the summary (and a line in ``results.md``) is the
+  speculation's share alone.
 - ``pld``: transformers' prompt-lookup decoding, ``prompt_lookup_num_tokens=10``.
 - ``medusa``: :func:`medusa_lite.generate` with the model's tree (see ``medusa_lite.load``) and
   prompt-lookup guesses grafted onto it (``--lookup-tokens``, the library's default), or the
@@ -52,6 +58,7 @@ from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.loading import DTYPES, find_tree_file, heads_source_for, load, read_tree_file, tree_of
 from medusa_lite.model import MedusaModel
+from medusa_lite.prepack import ROW_GEMM, packed_from_rows, prepack_backend
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree
 
@@ -63,17 +70,18 @@ DEFAULT_QUICK = 26
 PLD_NUM_TOKENS = 10
 WARMUP_TOKENS = 16
 PROGRESS_FILE = "progress.jsonl"  # one line per finished question, written as the run goes
-METHODS = ("plain", "pld", "medusa", "static_tree", "no_datastore", "heads")
+METHODS = ("plain", "plain_kernel", "pld", "medusa", "static_tree", "no_datastore", "heads")
 LABELS = {
     "plain": "plain generate",
+    "plain_kernel": "plain generate, row_gemm kernel",
     "pld": "prompt lookup (PLD)",
     "medusa": "medusa-lite",
     "static_tree": "medusa-lite, static tree",
     "no_datastore": "medusa-lite, no datastore",
     "heads": "medusa-lite, heads only",
 }
-DEFAULT_METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")  # "static_tree" on request
-SHORT = {"pld": "PLD", "medusa": "medusa", "static_tree": "static tree", "no_datastore": "no datastore", "heads": "heads only"}
+DEFAULT_METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")  # "plain_kernel", "static_tree" on request
+SHORT = {"plain_kernel": "plain kernel", "pld": "PLD", "medusa": "medusa", "static_tree": "static tree", "no_datastore": "no datastore", "heads": "heads only"}
 OVERALL = "overall"
 GREEDY = SamplingSettings()
 
@@ -154,6 +162,11 @@ def run_plain(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
     return run_hf(model, input_ids, max_new_tokens)
 
 
+def run_plain_kernel(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+    with packed_from_rows(model.base_model, 1):
+        return run_hf(model, input_ids, max_new_tokens)
+
+
 def run_pld(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
     return run_hf(model, input_ids, max_new_tokens, prompt_lookup_num_tokens=PLD_NUM_TOKENS)
 
@@ -183,6 +196,7 @@ def run_heads(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
 
 RUNNERS: dict[str, Callable[..., Result]] = {
     "plain": run_plain,
+    "plain_kernel": run_plain_kernel,
     "pld": run_pld,
     "medusa": run_medusa,
     "static_tree": run_static_tree,
@@ -223,6 +237,7 @@ def question_record(question: dict, order: Sequence[str], results: dict[str, Res
 def method_summary(records: Sequence[dict], method: str) -> dict:
     runs = [record["methods"][method] for record in records]
     plain_seconds = sum(record["methods"]["plain"]["seconds"] for record in records)
+    kernel_seconds = sum(record["methods"]["plain_kernel"]["seconds"] for record in records if "plain_kernel" in record["methods"])
     tokens, seconds, calls = (sum(run[key] for run in runs) for key in ("new_tokens", "seconds", "target_calls"))
     summary = {
         "questions": len(runs),
@@ -236,6 +251,8 @@ def method_summary(records: Sequence[dict], method: str) -> dict:
         "speedup": plain_seconds / seconds if seconds else 0.0,
         "identical_fraction": sum(run["identical_to_plain"] for run in runs) / len(runs) if runs else 0.0,
     }
+    if kernel_seconds:
+        summary["speedup_vs_plain_kernel"] = kernel_seconds / seconds if seconds else 0.0
     steps = sum(run["steps"] for run in runs)
     if steps:
         summary["steps"] = steps
@@ -283,6 +300,18 @@ def per_step_line(summary: dict[str, dict[str, dict]]) -> str:
     overall = summary[OVERALL]
     values = ", ".join(f"{SHORT[m]} {r['mean_tokens_per_step']:.2f}" for m, r in overall.items() if m != "plain")
     return f"Overall tokens per decoding step as Spec-Bench counts them (each prefill and its token left out): {values}."
+
+
+def kernel_line(summary: dict[str, dict[str, dict]]) -> str:
+    """Overall speed-ups over plain decoding through the row_gemm kernel (empty without ``plain_kernel``)."""
+    overall = summary[OVERALL]
+    if "plain_kernel" not in overall:
+        return ""
+    values = ", ".join(f"{SHORT[m]} {r['speedup_vs_plain_kernel']:.2f}x" for m, r in overall.items() if m not in ("plain", "plain_kernel"))
+    return (
+        f"Overall speed-up over plain generate with its one-token steps through the row_gemm kernel "
+        f"({overall['plain_kernel']['speedup']:.2f}x plain's speed by itself): {values}."
+    )
 
 
 def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
@@ -360,6 +389,8 @@ def run_benchmark(
     ``static_tree``: the tree of the ``static_tree`` method (required for it).
     """
     methods = [method for method in METHODS if method in set(methods) | {"plain"}]
+    if "plain_kernel" in methods and prepack_backend(model.base_model) != ROW_GEMM:
+        raise MedusaError("the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an AVX-512 CPU, without --no-prepack)")
     if "static_tree" in methods and static_tree is None:
         raise MedusaError("the 'static_tree' method needs a tree file with static paths (--tree, or tree.json beside the heads)")
     settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens, static_tree)
@@ -399,7 +430,8 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
         "acc. = mean accepted tokens per target call (bonus and prefill counted; plain = 1.00); "
         "speed-up = plain's total time / the method's; identical = outputs token-identical to plain greedy.\n\n"
     )
-    (out / "results.md").write_text(heading + markdown_table(summary) + "\n\n" + per_step_line(summary) + "\n", encoding="utf-8")
+    lines = [per_step_line(summary), kernel_line(summary)]
+    (out / "results.md").write_text(heading + markdown_table(summary) + "\n\n" + "\n\n".join(line for line in lines if line) + "\n", encoding="utf-8")
     plot_speedup(summary, out / "speedup_by_category.png")
     plot_acceptance(summary, out / "acceptance_by_depth.png")
 

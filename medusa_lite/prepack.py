@@ -26,6 +26,9 @@ supported.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -116,12 +119,13 @@ class PrepackedLinear(nn.Linear):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.rows, self.backend = rows, backend
+        self.min_rows = BACKEND_MIN_ROWS[backend]  # fewer rows take the usual path (see ``packed_from_rows``)
         self.packed_weight = packed_copy(linear.weight, rows, backend)
         self.packed_from = weight_signature(linear.weight)
 
     def packed_path_applies(self, rows: int) -> bool:
         return (
-            BACKEND_MIN_ROWS[self.backend] <= rows <= self.rows
+            self.min_rows <= rows <= self.rows
             and not torch.is_grad_enabled()
             and weight_signature(self.weight) == self.packed_from
         )
@@ -186,6 +190,34 @@ def prepack_linears(model: nn.Module, rows: int, backend: str | None = None) -> 
         plain = unpacked(layer)
         setattr(parent, name, PrepackedLinear(plain, rows, backend) if packs else plain)
     return len(layers) if packs else 0
+
+
+@contextmanager
+def packed_from_rows(model: nn.Module, min_rows: int) -> Iterator[None]:
+    """Within the block, inputs of ``min_rows`` rows or more (up to the packed count) take the packed path.
+
+    ``packed_from_rows(model, 1)`` sends one-token decoding through the row_gemm kernel too: on
+    CPUs where PyTorch's own float32 one-row linear is slow (measured on a 2-core AMD EPYC: the
+    lm_head 11.3 ms against 2.9 ms) plain decoding then runs about twice as fast, which is how
+    ``infer/benchmark.py``'s ``plain_kernel`` tells the kernel's share of a speed-up from the
+    speculation's. Only the row_gemm backend packs for a single row; the previous minimum comes
+    back on exit.
+    """
+    if min_rows < 1:
+        raise ValueError(f"min_rows must be at least 1, got {min_rows}")
+    layers = [module for module in model.modules() if isinstance(module, PrepackedLinear)]
+    if not layers:
+        raise UnsupportedModelError("the model's linear layers are not pre-packed (medusa_lite.load(prepack=True) packs float32 models on CPU)")
+    if min_rows < BACKEND_MIN_ROWS[ROW_GEMM] and any(layer.backend != ROW_GEMM for layer in layers):
+        raise UnsupportedModelError(f"only the row_gemm backend takes inputs of {min_rows} row(s); this model is packed for MKL")
+    before = [layer.min_rows for layer in layers]
+    for layer in layers:
+        layer.min_rows = min_rows
+    try:
+        yield
+    finally:
+        for layer, previous in zip(layers, before):
+            layer.min_rows = previous
 
 
 def unpack_linears(model: nn.Module) -> None:

@@ -39,7 +39,7 @@ def test_stratified_subset_and_rotation():
     assert len({q["question_id"] for q in subset}) == 26
     assert len(benchmark.stratified_subset(questions, 5)) == 5
     assert benchmark.stratified_subset(QUESTIONS, 10) == [QUESTIONS[0], QUESTIONS[1], QUESTIONS[2]]
-    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == ["plain", "pld", "medusa", "static_tree", "no_datastore"]
+    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == ["plain", "plain_kernel", "pld", "medusa", "static_tree"]
 
 
 def test_first_difference():

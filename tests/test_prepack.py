@@ -30,6 +30,7 @@ from medusa_lite.prepack import (
     PrepackedLinear,
     default_backend,
     mkl_packing_available,
+    packed_from_rows,
     prepack_backend,
     prepack_linears,
     prepack_supported,
@@ -233,6 +234,63 @@ def test_bfloat16_model_is_refused_with_a_clear_error():
     assert not layers_of_type(base, PrepackedLinear)
 
 
+def require_row_gemm() -> None:
+    if row_gemm_unavailable_reason() is not None:
+        pytest.skip(f"row_gemm kernel unavailable: {row_gemm_unavailable_reason()}")
+
+
+def test_packed_from_rows_sends_one_row_through_the_kernel_and_restores_the_minimum(monkeypatch):
+    require_row_gemm()
+    calls = []
+    original = medusa_lite.prepack.row_gemm
+    monkeypatch.setattr(medusa_lite.prepack, "row_gemm", lambda inputs, packed, out: calls.append(inputs.shape[0]) or original(inputs, packed, out))
+    linear = linear_layer(bias=True)
+    packed = PrepackedLinear(linear, PACKED_ROWS, ROW_GEMM)
+    one_row = torch.randn(1, IN_FEATURES, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        assert torch.equal(packed(one_row), F.linear(one_row, linear.weight, linear.bias)) and calls == []
+        with packed_from_rows(packed, 1):
+            torch.testing.assert_close(packed(one_row), F.linear(one_row, linear.weight, linear.bias), **FLOAT32_TOLERANCE)
+        assert calls == [1]
+        packed(one_row)
+    assert calls == [1] and packed.min_rows == BACKEND_MIN_ROWS[ROW_GEMM], "the minimum was not restored"
+
+
+def test_packed_from_rows_restores_the_minimum_after_an_error():
+    require_row_gemm()
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
+    prepack_linears(base, PACKED_ROWS, ROW_GEMM)
+    with pytest.raises(RuntimeError, match="inside"):
+        with packed_from_rows(base, 1):
+            raise RuntimeError("inside")
+    assert {layer.min_rows for layer in layers_of_type(base, PrepackedLinear)} == {BACKEND_MIN_ROWS[ROW_GEMM]}
+
+
+def test_packed_from_rows_refuses_what_it_cannot_do():
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
+    with pytest.raises(UnsupportedModelError, match="not pre-packed"):
+        with packed_from_rows(base, 1):
+            pass
+    with pytest.raises(ValueError, match="at least 1"):
+        with packed_from_rows(base, 0):
+            pass
+    if mkl_packing_available():
+        prepack_linears(base, PACKED_ROWS, MKL)
+        with pytest.raises(UnsupportedModelError, match="packed for MKL"):
+            with packed_from_rows(base, 1):
+                pass
+
+
+def test_greedy_through_the_one_row_kernel_matches_plain_greedy():
+    require_row_gemm()
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE, seed=3)
+    prompt = torch.randint(0, VOCAB_SIZE, (1, 7), generator=torch.Generator().manual_seed(4))
+    expected = plain_greedy(base, prompt, MAX_NEW_TOKENS)
+    prepack_linears(base, PACKED_ROWS, ROW_GEMM)
+    with packed_from_rows(base, 1):
+        assert torch.equal(plain_greedy(base, prompt, MAX_NEW_TOKENS), expected)
+
+
 # -- exactness ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_greedy_on_a_prepacked_model_matches_plain_greedy(family, backend, packed_calls):
@@ -309,6 +367,24 @@ def test_benchmark_records_prepacking(checkpoint, tmp_path, flags):
     results = json.loads((out / "results.json").read_text())
     expected = None if flags else results["tree_nodes"] + DEFAULT_LOOKUP_TOKENS
     assert results["machine"]["prepacked_rows"] == expected
+
+
+def test_benchmark_plain_kernel_method(checkpoint, tmp_path):
+    """``plain_kernel``: plain generate with one-row steps through the kernel, and the speculation's own speed-up."""
+    require_row_gemm()
+    benchmark = import_infer_script("benchmark")
+    questions_file = tmp_path / "questions.jsonl"
+    questions_file.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["What is the capital city of France?"]}) + "\n")
+    args = ["--model", str(checkpoint[0]), "--heads", str(checkpoint[1]), "--questions", str(questions_file), "--methods", "plain_kernel", "heads"]
+    out = tmp_path / "bench"
+    assert benchmark.main([*args, "--max-new-tokens", "6", "--threads", "1", "--out", str(out)]) == 0
+    overall = json.loads((out / "results.json").read_text())["summary"]["overall"]
+    kernel, heads = overall["plain_kernel"], overall["heads"]
+    assert kernel["mean_accepted_tokens"] == 1.0 and kernel["new_tokens"] == overall["plain"]["new_tokens"]
+    assert heads["speedup_vs_plain_kernel"] == pytest.approx(kernel["seconds"] / heads["seconds"])
+    assert "speedup_vs_plain_kernel" not in overall["plain"] or overall["plain"]["speedup_vs_plain_kernel"] > 0
+    assert f"heads only {heads['speedup_vs_plain_kernel']:.2f}x" in (out / "results.md").read_text()
+    assert benchmark.main([*args, "--max-new-tokens", "6", "--threads", "1", "--out", str(tmp_path / "no"), "--no-prepack"]) != 0
 
 
 def test_a_changed_weight_is_never_multiplied_by_its_stale_packed_copy(backend, packed_calls):
