@@ -32,6 +32,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 from medusa_lite.errors import DraftVocabError, HeadsFileError
+from medusa_lite.kernels import pack_for_row_gemm
+from medusa_lite.prepack import row_gemm_linear, rows_of, weight_signature
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -173,8 +175,35 @@ class DraftLMHead(nn.Module):
         weight, bias = draft_rows(base_lm_head, token_ids)
         self.register_buffer("weight", weight, persistent=False)
         self.register_buffer("bias", bias, persistent=False)
+        # A copy for the row_gemm kernel (pack_for_few_rows): plain attributes, never saved or moved.
+        self.packed_weight: torch.Tensor | None = None
+        self.packed_from: tuple | None = None
+        self.packed_rows = 0
+
+    def pack_for_few_rows(self, rows: int) -> None:
+        """Multiply inputs of up to ``rows`` rows (a step's heads) through medusa_lite's row_gemm kernel.
+
+        The heads' few rows then read the D x H weights once, at the kernel's speed: on a 2-core
+        AMD EPYC PyTorch's float32 product of 4 rows by 8192 x 576 weights took ~3 ms a step.
+        Float32 CPU weights only; the packed copy is used only while the weights are the very
+        tensor, version, dtype and device it was packed from (else the usual path, as
+        :class:`~medusa_lite.prepack.PrepackedLinear`).
+        """
+        self.packed_weight = pack_for_row_gemm(self.weight)
+        self.packed_from, self.packed_rows = weight_signature(self.weight), rows
+
+    def packed_path_applies(self, hidden: torch.Tensor) -> bool:
+        return (
+            self.packed_weight is not None
+            and 1 <= rows_of(hidden) <= self.packed_rows
+            and not torch.is_grad_enabled()
+            and hidden.dtype == self.weight.dtype
+            and weight_signature(self.weight) == self.packed_from
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.packed_path_applies(hidden):
+            return row_gemm_linear(hidden, self.packed_weight, self.weight.shape[0], self.bias)
         return F.linear(hidden, self.weight, self.bias)
 
 

@@ -37,7 +37,7 @@ from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.model import MedusaModel
-from medusa_lite.prepack import check_prepack_supported, prepack_linears, prepack_supported
+from medusa_lite.prepack import ROW_GEMM, check_prepack_supported, prepack_backend, prepack_linears, prepack_supported
 from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, tree_for_heads
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
@@ -246,4 +246,6 @@ def load(
     store = resolve_datastore(datastore, source, heads_module.config.vocab_size)
     medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store).eval()
     prepack_for_tree(medusa.base_model, medusa.tree, prepack)
+    if medusa.draft_lm_head is not None and prepack_backend(medusa.base_model) == ROW_GEMM:
+        medusa.draft_lm_head.pack_for_few_rows(medusa.num_heads)  # the heads' projection: one row per head
     return medusa, tokenizer

@@ -91,6 +91,14 @@ def rows_of(inputs: torch.Tensor) -> int:
     return inputs.numel() // inputs.shape[-1] if inputs.shape[-1] else 0
 
 
+def row_gemm_linear(inputs: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(inputs, weight, bias)`` [..., out_features] through the row_gemm kernel, ``packed`` being the weight's packed copy."""
+    output = row_gemm(inputs.reshape(rows_of(inputs), inputs.shape[-1]), packed, out_features)
+    if bias is not None:
+        output += bias
+    return output.reshape(*inputs.shape[:-1], out_features)
+
+
 def weight_signature(weight: torch.Tensor) -> tuple:
     """What identifies the values a packed copy was made from: storage, in-place version, dtype, device."""
     return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
@@ -134,14 +142,11 @@ class PrepackedLinear(nn.Linear):
         rows = rows_of(inputs)
         if not self.packed_path_applies(rows) or inputs.dtype != self.weight.dtype:
             return F.linear(inputs, self.weight, self.bias)
-        flat = inputs.reshape(rows, self.in_features)
         if self.backend == ROW_GEMM:
-            output = row_gemm(flat, self.packed_weight, self.out_features)
-            if self.bias is not None:
-                output += self.bias
-        else:
-            padded = F.pad(flat, (0, 0, 0, self.rows - rows))
-            output = torch.ops.mkl._mkl_linear(padded, self.packed_weight, self.weight, self.bias, self.rows)[:rows]
+            return row_gemm_linear(inputs, self.packed_weight, self.out_features, self.bias)
+        flat = inputs.reshape(rows, self.in_features)
+        padded = F.pad(flat, (0, 0, 0, self.rows - rows))
+        output = torch.ops.mkl._mkl_linear(padded, self.packed_weight, self.weight, self.bias, self.rows)[:rows]
         return output.reshape(*inputs.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

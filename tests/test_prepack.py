@@ -20,6 +20,7 @@ import medusa_lite.prepack
 from medusa_lite import MedusaError, MedusaModel, Tree, UnsupportedModelError, generate
 from medusa_lite.cli import build_parser, machine_info, main, prepack_choice
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
+from medusa_lite.heads import DraftLMHead
 from medusa_lite.loading import load
 from medusa_lite.kernels import row_gemm_unavailable_reason
 from medusa_lite.prepack import (
@@ -289,6 +290,39 @@ def test_greedy_through_the_one_row_kernel_matches_plain_greedy():
     prepack_linears(base, PACKED_ROWS, ROW_GEMM)
     with packed_from_rows(base, 1):
         assert torch.equal(plain_greedy(base, prompt, MAX_NEW_TOKENS), expected)
+
+
+def test_draft_lm_head_packs_for_the_heads_rows(monkeypatch):
+    """The heads' projection onto their draft vocabulary: the kernel for up to one row per head, else the usual path."""
+    require_row_gemm()
+    calls = []
+    original = medusa_lite.prepack.row_gemm
+    monkeypatch.setattr(medusa_lite.prepack, "row_gemm", lambda inputs, packed, out: calls.append(inputs.shape[0]) or original(inputs, packed, out))
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
+    head = DraftLMHead(base.lm_head, torch.arange(0, VOCAB_SIZE, 3))
+    head.pack_for_few_rows(4)
+    hidden = torch.randn(6, base.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for rows in (1, 4):
+            torch.testing.assert_close(head(hidden[:rows]), F.linear(hidden[:rows], head.weight), **FLOAT32_TOLERANCE)
+        assert calls == [1, 4]
+        assert torch.equal(head(hidden), F.linear(hidden, head.weight)) and calls == [1, 4], "more rows than packed for"
+    assert torch.equal(head(hidden[:2]), F.linear(hidden[:2], head.weight)) and calls == [1, 4], "gradients take the usual path"
+    with torch.inference_mode():
+        head.weight.mul_(2.0)
+        assert torch.equal(head(hidden[:2]), F.linear(hidden[:2], head.weight)) and calls == [1, 4], "a stale packed copy was used"
+
+
+def test_load_packs_the_draft_projection_with_the_target(tmp_path):
+    require_row_gemm()
+    model_dir = save_tiny_checkpoint(tmp_path)[0]
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    heads = MedusaModel.with_new_heads(base, 2, draft_token_ids=torch.arange(VOCAB_SIZE // 2)).heads
+    heads.save_pretrained(tmp_path / "draft_heads")
+    model, _ = load(model_dir, heads=tmp_path / "draft_heads")
+    assert model.draft_lm_head.packed_rows == model.num_heads and model.draft_lm_head.packed_weight is not None
+    unpacked_model, _ = load(model_dir, heads=tmp_path / "draft_heads", prepack=False)
+    assert unpacked_model.draft_lm_head.packed_weight is None
 
 
 # -- exactness ---------------------------------------------------------------------------------
