@@ -33,7 +33,7 @@ from torch import nn
 
 from medusa_lite.errors import DraftVocabError, HeadsFileError
 from medusa_lite.kernels import pack_for_row_gemm
-from medusa_lite.prepack import row_gemm_linear, rows_of, weight_signature
+from medusa_lite.prepack import packed_copy_applies, row_gemm_linear, rows_of, weight_signature
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -195,10 +195,8 @@ class DraftLMHead(nn.Module):
     def packed_path_applies(self, hidden: torch.Tensor) -> bool:
         return (
             self.packed_weight is not None
-            and 1 <= rows_of(hidden) <= self.packed_rows
-            and not torch.is_grad_enabled()
             and hidden.dtype == self.weight.dtype
-            and weight_signature(self.weight) == self.packed_from
+            and packed_copy_applies(self.weight, self.packed_from, rows_of(hidden), 1, self.packed_rows)
         )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:

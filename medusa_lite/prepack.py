@@ -104,6 +104,15 @@ def weight_signature(weight: torch.Tensor) -> tuple:
     return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
 
 
+def packed_copy_applies(weight: torch.Tensor, packed_from: tuple, rows: int, min_rows: int, max_rows: int) -> bool:
+    """Whether a product of ``rows`` rows may use a packed copy made from ``weight`` when its signature was ``packed_from``.
+
+    Only from ``min_rows`` to ``max_rows`` rows, without gradients (training takes the usual path)
+    and while the weight is unchanged (:func:`weight_signature`).
+    """
+    return min_rows <= rows <= max_rows and not torch.is_grad_enabled() and weight_signature(weight) == packed_from
+
+
 def packed_copy(weight: torch.Tensor, rows: int, backend: str) -> torch.Tensor:
     if backend == ROW_GEMM:
         return pack_for_row_gemm(weight)
@@ -132,11 +141,7 @@ class PrepackedLinear(nn.Linear):
         self.packed_from = weight_signature(linear.weight)
 
     def packed_path_applies(self, rows: int) -> bool:
-        return (
-            self.min_rows <= rows <= self.rows
-            and not torch.is_grad_enabled()
-            and weight_signature(self.weight) == self.packed_from
-        )
+        return packed_copy_applies(self.weight, self.packed_from, rows, self.min_rows, self.rows)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         rows = rows_of(inputs)
