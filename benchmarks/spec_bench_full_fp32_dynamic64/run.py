@@ -37,19 +37,29 @@ def per_step(records: list[dict]) -> float:
     return sum(r["new_tokens"] - 1 for r in records) / sum(r["target_calls"] - 1 for r in records)
 
 
-def main() -> None:
-    set_threads(2)
-    model, tokenizer = load(tree=DynamicTree(MAX_NODES, FLAT_COSTS))
+def acceptance_records(model, tokenizer, max_new_tokens: int) -> list[dict]:
+    """Every Spec-Bench question's first turn decoded greedily: its ``GenerationStats`` as a dict."""
     records = []
     for question in tqdm(read_questions(DEFAULT_QUESTIONS), desc="Spec-Bench"):
-        stats = generate(model, chat_input_ids(tokenizer, question["turns"][0]), MAX_NEW_TOKENS).stats
+        stats = generate(model, chat_input_ids(tokenizer, question["turns"][0]), max_new_tokens).stats
         records.append({"question_id": question["question_id"], "category": question["category"], **stats.as_dict()})
-    summary = {
+    return records
+
+
+def acceptance_summary(records: list[dict]) -> dict:
+    return {
         "tokens_per_step": per_step(records),
         "tokens_per_target_call": sum(r["new_tokens"] for r in records) / sum(r["target_calls"] for r in records),
         "mean_verified_rows": sum(r["verified_rows"] for r in records) / sum(r["steps"] for r in records),
         "tokens_per_step_by_category": {c: per_step([r for r in records if r["category"] == c]) for c in categories_in_order(records)},
     }
+
+
+def main() -> None:
+    set_threads(2)
+    model, tokenizer = load(tree=DynamicTree(MAX_NODES, FLAT_COSTS))
+    records = acceptance_records(model, tokenizer, MAX_NEW_TOKENS)
+    summary = acceptance_summary(records)
     machine = machine_info(model.base_model.dtype, model.base_model)
     OUT.write_text(json.dumps({"max_nodes": MAX_NODES, "max_new_tokens": MAX_NEW_TOKENS, "machine": machine, "summary": summary, "questions": records}, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
