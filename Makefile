@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install test test-fast demo benchmark clean
+.PHONY: install test test-all demo benchmark clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ demo: install
 	$(PY) -m medusa_lite --prompt "Explain in three sentences why the sky is blue." --compare
 
 benchmark: install
-	$(PY) infer/benchmark.py --quick
+	$(PY) infer/benchmark.py --quick 26
 
 clean:
 	rm -rf $(VENV) .pytest_cache

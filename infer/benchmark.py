@@ -5,7 +5,7 @@
     python infer/benchmark.py --model M --heads H --tree tree.json --out outputs/benchmark-M
 
 For each question: the first turn through the chat template, greedy, ``--max-new-tokens`` new
-tokens at most (all methods stop at EOS). The three methods run in the same process,
+tokens at most (all methods stop at EOS). The methods run in the same process,
 interleaved per question, in an order rotated per question so none always runs first (caches,
 thermal state); one warm-up run of each comes first.
 
@@ -20,16 +20,18 @@ thermal state); one warm-up run of each comes first.
 - ``medusa``: :func:`medusa_lite.generate` with the model's tree (see ``medusa_lite.load``) and
   prompt-lookup guesses grafted onto it (``--lookup-tokens``, the library's default), or the
   datastore's where the text has no match (``--datastore-tokens``, the library's default).
+- ``static_tree`` (on request): the same with the static paths of the tree file (``--tree``, or
+  ``tree.json`` beside the heads) instead of the per-step dynamic tree.
 - ``no_datastore``: the same without the datastore; ``heads``: the heads' tree only (no
-  lookups), to show what each source of guesses contributes. ``--methods`` picks a subset (``plain`` always runs: it is
-  the reference).
+  lookups), to show what each source of guesses contributes. ``--methods`` picks a subset
+  (``plain`` always runs: it is the reference).
 
 All methods share one model, whose linear weights ``medusa_lite.load`` pre-packs on CPU in fp32
 for the tree's verification size (``--no-prepack``: not); a PLD step of at most that many tokens
 uses the packed weights too. ``results.json`` records it as ``machine.prepacked_rows`` and
 ``machine.prepack_backend`` (``row_gemm``: medusa_lite's AVX-512 kernel; ``mkl``: MKL's packed GEMM).
 
-Reported per category and overall: mean accepted tokens per step (new tokens / target calls, the
+Reported per category and overall: mean accepted tokens per target call (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
 hook for plain and PLD; and, as Spec-Bench and the published numbers count it, per decoding
 step with each question's prefill and its token left out), tokens/s, speed-up vs plain (plain's

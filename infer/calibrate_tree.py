@@ -1,6 +1,6 @@
 """Size the candidate tree to your hardware and heads, and write it to ``tree.json`` beside the heads.
 
-    python infer/calibrate_tree.py                         # default model + shipped heads, bf16
+    python infer/calibrate_tree.py                         # default model + shipped heads, fp32 on CPU
     python infer/calibrate_tree.py --dtype fp32 --threads 2
     python infer/calibrate_tree.py --model M --heads H --measure-on my_prompts.jsonl
     python infer/calibrate_tree.py --costs-only            # step (a) only; no trained heads needed

@@ -3,7 +3,7 @@
     python infer/microbench.py                       # tiny random llama, nothing downloaded
     python infer/microbench.py --model path/to/model --heads path/to/heads --dtype bf16
 
-Prints tokens/s and mean accepted tokens per step (new tokens / target calls, prefill included:
+Prints tokens/s and mean accepted tokens per target call (new tokens / target calls, prefill included:
 plain decoding = 1.00) of both, greedy, from a random prompt, best of ``--repeats`` runs after a
 warm-up, and whether the outputs are token-identical. Without ``--heads`` the heads are fresh
 (identity residual blocks: each head guesses the target's own next token), so the numbers show

@@ -10,7 +10,7 @@ root, we move to the child whose guess equals the target's token at the current 
 at the first node where no child matches; the target's token there is the bonus. Every emitted
 token is therefore the target's own draw given exactly the tokens before it, so the output has
 the target's distribution (greedy: the target's tokens). This is the "sample t ~ p and descend
-if t is a child" form of the exact rule for deterministic candidates (DESIGN.md §1), and it
+if t is a child" form of the exact rule for deterministic candidates (../shared/DESIGN.md §1), and it
 accepts as often as the try-children-in-order form.
 """
 

@@ -1,7 +1,8 @@
 """Publish Medusa heads on the Hugging Face Hub: a generated model card and a one-commit push.
 
 ``push_heads_to_hub`` uploads exactly the files of the heads format (``config.json`` and
-``model.safetensors``, as :meth:`MedusaHeads.save_pretrained` writes them) plus a ``README.md``
+``model.safetensors``, as :meth:`MedusaHeads.save_pretrained` writes them; ``datastore.safetensors``
+too where the folder has one) plus a ``README.md``
 model card built by :func:`model_card` from the config: base model, shape, how to load the heads,
 and whatever ``config.training_summary`` records about training (data, steps, per-head
 accuracies, mean accepted tokens). Nothing in the card is made up: a fact that is not in the

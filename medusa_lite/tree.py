@@ -186,7 +186,7 @@ def expected_accepted_tokens(tree: Tree, topk_accuracy: Sequence[Sequence[float]
 
 
 # Per-rank accuracies of four heads on SmolLM2-135M-Instruct, measured on held-out self-distilled
-# data (DESIGN.md §2: top-1 0.43/0.28/0.22/0.17, top-5 0.67/0.49/0.40/0.34, ranks 2-5 split
+# data (../shared/DESIGN.md §2, the team's design notes: top-1 0.43/0.28/0.22/0.17, top-5 0.67/0.49/0.40/0.34, ranks 2-5 split
 # evenly). Only used to shape the default tree when heads ship no measured accuracies.
 REFERENCE_TOPK_ACCURACY = (
     (0.43, 0.06, 0.06, 0.06, 0.06),
@@ -194,7 +194,7 @@ REFERENCE_TOPK_ACCURACY = (
     (0.22, 0.045, 0.045, 0.045, 0.045),
     (0.17, 0.0425, 0.0425, 0.0425, 0.0425),
 )
-# On a 2-core CPU in bf16 verifying 16 tokens costs 1.32x one token (DESIGN.md §2).
+# On a 2-core CPU in bf16 verifying 16 tokens costs 1.32x one token (../shared/DESIGN.md §2).
 DEFAULT_TREE_NODES = 16
 
 
