@@ -33,7 +33,7 @@ def test_quickstart_runs_on_a_tiny_model(tmp_path):
     parameters = f'MODEL = "{model_dir}"\nHEADS = "{heads_dir}"\nDTYPE = "fp32"\nMAX_NEW_TOKENS = 24\nPROMPT = "hello there"'
     notebook = run_notebook("quickstart.ipynb", parameters, tmp_path)
     text = outputs_text(notebook)
-    assert "identical: True" in text and "mean accepted tokens per step" in text
+    assert "identical: True" in text and "mean accepted tokens per target call" in text
     images = [o for c in notebook.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "the acceptance plot was not drawn"
 
