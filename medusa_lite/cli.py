@@ -5,7 +5,7 @@
     medusa-lite --model path/or/hub-id --heads heads/folder --prompt "..." --temperature 0.7
 
 The prompt goes through the tokenizer's chat template (``--raw`` feeds it as is). After the text
-comes a summary line: new tokens, tokens/s, mean accepted tokens per step (new tokens / target
+comes a summary line: new tokens, tokens/s, mean accepted tokens per target call (new tokens / target
 calls, prefill included: plain decoding scores 1.00). ``--compare`` then runs plain
 ``model.generate`` with the same settings, prints its tokens/s, the speed-up, and (greedy)
 whether both outputs are token-identical. Both are warmed up first so neither pays first-call costs.
@@ -153,7 +153,7 @@ class Run:
 def summary_line(run: Run, mean_accepted: float, tree: str, dtype: str) -> str:
     return (
         f"[medusa-lite] {run.tokens.numel()} new tokens in {run.seconds:.2f} s: {run.tokens_per_second:.1f} tokens/s, "
-        f"{mean_accepted:.2f} mean accepted tokens per step ({tree}, {dtype}, {torch.get_num_threads()} threads)"
+        f"{mean_accepted:.2f} mean accepted tokens per target call ({tree}, {dtype}, {torch.get_num_threads()} threads)"
     )
 
 

@@ -65,7 +65,7 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def summary_numbers(out: str) -> dict:
-    match = re.search(r"\[medusa-lite\] (\d+) new tokens in [\d.]+ s: ([\d.]+) tokens/s, ([\d.]+) mean accepted tokens per step \((\d+)-node tree", out)
+    match = re.search(r"\[medusa-lite\] (\d+) new tokens in [\d.]+ s: ([\d.]+) tokens/s, ([\d.]+) mean accepted tokens per target call \((\d+)-node tree", out)
     assert match, out
     return {"new_tokens": int(match[1]), "tokens_per_second": float(match[2]), "mean_accepted": float(match[3]), "tree_nodes": int(match[4])}
 
