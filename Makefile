@@ -31,7 +31,7 @@ demo: install
 	$(PY) -m medusa_lite --prompt "Explain in three sentences why the sky is blue." --compare
 
 benchmark: install
-	$(PY) infer/benchmark.py --quick 26
+	$(PY) infer/benchmark.py   # the default: 26 stratified questions
 
 clean:
 	rm -rf $(VENV) .pytest_cache
