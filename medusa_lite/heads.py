@@ -33,7 +33,7 @@ from torch import nn
 
 from medusa_lite.errors import DraftVocabError, HeadsFileError
 from medusa_lite.kernels import pack_for_row_gemm
-from medusa_lite.prepack import packed_copy_applies, row_gemm_linear, rows_of, weight_signature
+from medusa_lite.prepack import packed_copy_applies, row_gemm_linear, weight_signature
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -193,11 +193,7 @@ class DraftLMHead(nn.Module):
         self.packed_from, self.packed_rows = weight_signature(self.weight), rows
 
     def packed_path_applies(self, hidden: torch.Tensor) -> bool:
-        return (
-            self.packed_weight is not None
-            and hidden.dtype == self.weight.dtype
-            and packed_copy_applies(self.weight, self.packed_from, rows_of(hidden), 1, self.packed_rows)
-        )
+        return self.packed_weight is not None and packed_copy_applies(self.weight, self.packed_from, hidden, 1, self.packed_rows)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_path_applies(hidden):

@@ -104,13 +104,18 @@ def weight_signature(weight: torch.Tensor) -> tuple:
     return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
 
 
-def packed_copy_applies(weight: torch.Tensor, packed_from: tuple, rows: int, min_rows: int, max_rows: int) -> bool:
-    """Whether a product of ``rows`` rows may use a packed copy made from ``weight`` when its signature was ``packed_from``.
+def packed_copy_applies(weight: torch.Tensor, packed_from: tuple, inputs: torch.Tensor, min_rows: int, max_rows: int) -> bool:
+    """Whether ``inputs`` @ ``weight``.T may use a packed copy of ``weight`` made when its signature was ``packed_from``.
 
-    Only from ``min_rows`` to ``max_rows`` rows, without gradients (training takes the usual path)
-    and while the weight is unchanged (:func:`weight_signature`).
+    Only for inputs of ``min_rows`` to ``max_rows`` rows in the weight's dtype, without gradients
+    (training takes the usual path) and while the weight is unchanged (:func:`weight_signature`).
     """
-    return min_rows <= rows <= max_rows and not torch.is_grad_enabled() and weight_signature(weight) == packed_from
+    return (
+        min_rows <= rows_of(inputs) <= max_rows
+        and inputs.dtype == weight.dtype
+        and not torch.is_grad_enabled()
+        and weight_signature(weight) == packed_from
+    )
 
 
 def packed_copy(weight: torch.Tensor, rows: int, backend: str) -> torch.Tensor:
@@ -140,15 +145,15 @@ class PrepackedLinear(nn.Linear):
         self.packed_weight = packed_copy(linear.weight, rows, backend)
         self.packed_from = weight_signature(linear.weight)
 
-    def packed_path_applies(self, rows: int) -> bool:
-        return packed_copy_applies(self.weight, self.packed_from, rows, self.min_rows, self.rows)
+    def packed_path_applies(self, inputs: torch.Tensor) -> bool:
+        return packed_copy_applies(self.weight, self.packed_from, inputs, self.min_rows, self.rows)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        rows = rows_of(inputs)
-        if not self.packed_path_applies(rows) or inputs.dtype != self.weight.dtype:
+        if not self.packed_path_applies(inputs):
             return F.linear(inputs, self.weight, self.bias)
         if self.backend == ROW_GEMM:
             return row_gemm_linear(inputs, self.packed_weight, self.out_features, self.bias)
+        rows = rows_of(inputs)
         flat = inputs.reshape(rows, self.in_features)
         padded = F.pad(flat, (0, 0, 0, self.rows - rows))
         output = torch.ops.mkl._mkl_linear(padded, self.packed_weight, self.weight, self.bias, self.rows)[:rows]
