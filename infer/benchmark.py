@@ -10,8 +10,8 @@ interleaved per question, in an order rotated per question so none always runs f
 thermal state); one warm-up run of each comes first.
 
 - ``plain``: ``model.generate(do_sample=False)``.
-- ``plain_kernel`` (on request): the same ``model.generate`` with its one-token steps through
-  medusa-lite's row_gemm kernel (``medusa_lite.prepack.packed_from_rows``). Where PyTorch's own
+- ``plain_kernel`` (always, where the row_gemm kernel runs): the same ``model.generate`` with its
+  one-token steps through medusa-lite's row_gemm kernel (``medusa_lite.prepack.packed_from_rows``). Where PyTorch's own
   float32 one-row linear is slow (a 2-core AMD EPYC: plain decoding about twice as slow as
   through the kernel) part of medusa-lite's speed-up over ``plain`` is the kernel's, not the
   speculation's: ``speedup_vs_plain_kernel`` in the summary (and a line in ``results.md``) is the
@@ -24,12 +24,16 @@ thermal state); one warm-up run of each comes first.
   ``tree.json`` beside the heads) instead of the per-step dynamic tree.
 - ``no_datastore``: the same without the datastore; ``heads``: the heads' tree only (no
   lookups), to show what each source of guesses contributes. ``--methods`` picks a subset
-  (``plain`` always runs: it is the reference).
+  (``plain`` always runs: it is the reference; so does ``plain_kernel`` where the kernel runs).
+
+Which kernel runs is ``machine.kernel`` in ``results.json`` (``medusa_lite.kernels.kernel_path``);
+``--kernel off|avx2|avx512|auto`` sets ``MEDUSA_LITE_KERNEL`` for the run (off: PyTorch's own
+kernels, as a CPU without AVX2 gets them; avx2: what an AVX2-only CPU runs).
 
 All methods share one model, whose linear weights ``medusa_lite.load`` pre-packs on CPU in fp32
 for the tree's verification size (``--no-prepack``: not); a PLD step of at most that many tokens
 uses the packed weights too. ``results.json`` records it as ``machine.prepacked_rows`` and
-``machine.prepack_backend`` (``row_gemm``: medusa_lite's AVX-512 kernel; ``mkl``: MKL's packed GEMM).
+``machine.prepack_backend`` (``row_gemm``: medusa_lite's kernel, its variant in ``machine.kernel``; ``mkl``: MKL's packed GEMM).
 
 Reported per category and overall: mean accepted tokens per target call (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
@@ -56,6 +60,7 @@ from tqdm import tqdm
 
 from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, prepack_choice, set_threads, timed
 from medusa_lite.errors import MedusaError
+from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.loading import DTYPES, find_tree_file, heads_source_for, load, read_tree_file, tree_of
@@ -82,7 +87,7 @@ LABELS = {
     "no_datastore": "medusa-lite, no datastore",
     "heads": "medusa-lite, heads only",
 }
-DEFAULT_METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")  # "plain_kernel", "static_tree" on request
+DEFAULT_METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")  # "static_tree" on request; "plain_kernel" added where it applies
 SHORT = {"plain_kernel": "plain kernel", "pld": "PLD", "medusa": "medusa", "static_tree": "static tree", "no_datastore": "no datastore", "heads": "heads only"}
 OVERALL = "overall"
 GREEDY = SamplingSettings()
@@ -255,6 +260,10 @@ def method_summary(records: Sequence[dict], method: str) -> dict:
     }
     if kernel_seconds:
         summary["speedup_vs_plain_kernel"] = kernel_seconds / seconds if seconds else 0.0
+    speedups = question_speedups(records, method)
+    if speedups:
+        slowest = min(speedups, key=speedups.get)
+        summary["min_question_speedup"], summary["slowest_question"] = speedups[slowest], slowest
     steps = sum(run["steps"] for run in runs)
     if steps:
         summary["steps"] = steps
@@ -265,6 +274,15 @@ def method_summary(records: Sequence[dict], method: str) -> dict:
         accepted = [sum(run["accepted_at_depth"][d] for run in runs if d < len(run["accepted_at_depth"])) for d in range(depth)]
         summary["acceptance_rate_by_depth"] = [count / steps for count in accepted]
     return summary
+
+
+def question_speedups(records: Sequence[dict], method: str) -> dict:
+    """{question id: plain's seconds / the method's seconds} for each question."""
+    return {
+        record["question_id"]: record["methods"]["plain"]["seconds"] / record["methods"][method]["seconds"]
+        for record in records
+        if record["methods"][method]["seconds"] > 0
+    }
 
 
 def methods_in(records: Sequence[dict]) -> list[str]:
@@ -314,6 +332,15 @@ def kernel_line(summary: dict[str, dict[str, dict]]) -> str:
         f"Overall speed-up over plain generate with its one-token steps through the row_gemm kernel "
         f"({overall['plain_kernel']['speedup']:.2f}x plain's speed by itself): {values}."
     )
+
+
+def slowest_line(summary: dict[str, dict[str, dict]]) -> str:
+    """Each method's speed-up over plain on its slowest question (the per-question minimum)."""
+    overall = summary[OVERALL]
+    values = ", ".join(
+        f"{SHORT[m]} {r['min_question_speedup']:.2f}x (question {r['slowest_question']})" for m, r in overall.items() if m != "plain" and "min_question_speedup" in r
+    )
+    return f"Slowest question's speed-up over plain: {values}." if values else ""
 
 
 def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
@@ -371,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
+    parser.add_argument("--kernel", choices=KERNEL_CHOICES, default=None, help=f"set {KERNEL_ENV_VAR} for this run (default: as the environment says, else auto)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
 
@@ -390,9 +418,10 @@ def run_benchmark(
 
     ``static_tree``: the tree of the ``static_tree`` method (required for it).
     """
-    methods = [method for method in METHODS if method in set(methods) | {"plain"}]
-    if "plain_kernel" in methods and prepack_backend(model.base_model) != ROW_GEMM:
-        raise MedusaError("the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an AVX-512 CPU, without --no-prepack)")
+    kernel_runs = prepack_backend(model.base_model) == ROW_GEMM
+    methods = [method for method in METHODS if method in set(methods) | {"plain"} | ({"plain_kernel"} if kernel_runs else set())]
+    if "plain_kernel" in methods and not kernel_runs:
+        raise MedusaError("the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an AVX2 or AVX-512 CPU, without --no-prepack, MEDUSA_LITE_KERNEL not off)")
     if "static_tree" in methods and static_tree is None:
         raise MedusaError("the 'static_tree' method needs a tree file with static paths (--tree, or tree.json beside the heads)")
     settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens, static_tree)
@@ -432,7 +461,7 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
         "acc. = mean accepted tokens per target call (bonus and prefill counted; plain = 1.00); "
         "speed-up = plain's total time / the method's; identical = outputs token-identical to plain greedy.\n\n"
     )
-    lines = [per_step_line(summary), kernel_line(summary)]
+    lines = [per_step_line(summary), kernel_line(summary), slowest_line(summary)]
     (out / "results.md").write_text(heading + markdown_table(summary) + "\n\n" + "\n\n".join(line for line in lines if line) + "\n", encoding="utf-8")
     plot_speedup(summary, out / "speedup_by_category.png")
     plot_acceptance(summary, out / "acceptance_by_depth.png")
@@ -455,6 +484,8 @@ def tree_settings(tree: Tree | DynamicTree) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.kernel is not None:
+        choose_kernel(args.kernel)
     try:
         set_threads(args.threads)
         dtype = DTYPES[args.dtype]

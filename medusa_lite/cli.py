@@ -27,6 +27,7 @@ from transformers import TextStreamer
 
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
+from medusa_lite.kernels import cpu_capability, kernel_path
 from medusa_lite.loading import DTYPES, load, tree_of
 from medusa_lite.prepack import prepack_backend, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
@@ -87,6 +88,8 @@ def machine_info(dtype: torch.dtype, model: torch.nn.Module | None = None) -> di
     """Where and how a measurement ran, to store next to it; with ``model``, also its ``prepacked_rows``."""
     info = {
         "cpu": cpu_model(),
+        "cpu_capability": cpu_capability(),
+        "kernel": kernel_path().as_dict(),
         "torch_threads": torch.get_num_threads(),
         "dtype": str(dtype).removeprefix("torch."),
         "python": platform.python_version(),
@@ -153,7 +156,8 @@ class Run:
 def summary_line(run: Run, mean_accepted: float, tree: str, dtype: str) -> str:
     return (
         f"[medusa-lite] {run.tokens.numel()} new tokens in {run.seconds:.2f} s: {run.tokens_per_second:.1f} tokens/s, "
-        f"{mean_accepted:.2f} mean accepted tokens per target call ({tree}, {dtype}, {torch.get_num_threads()} threads)"
+        f"{mean_accepted:.2f} mean accepted tokens per target call ({tree}, {dtype}, {torch.get_num_threads()} threads; "
+        f"kernel {kernel_path().describe()})"
     )
 
 

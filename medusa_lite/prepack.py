@@ -4,8 +4,9 @@ Verifying a tree multiplies every weight matrix of the target by a handful of ro
 node). Decoding is memory-bound, so that should cost what one row costs; PyTorch's float32 linear
 does not get there (measured below). Two packed paths, chosen by :func:`prepack_linears`:
 
-- ``"row_gemm"`` (used when available): :mod:`medusa_lite.kernels`' AVX-512 kernel, for
-  ``ROW_GEMM_MIN_ROWS`` to ``rows`` rows, on one packed copy of each weight (column blocks).
+- ``"row_gemm"`` (used when available): :mod:`medusa_lite.kernels`' kernel (its AVX-512 or AVX2
+  variant, as :func:`medusa_lite.kernels.kernel_path` decides), for ``ROW_GEMM_MIN_ROWS`` to
+  ``rows`` rows, on one packed copy of each weight (column blocks).
 - ``"mkl"`` (the fallback): MKL's packed GEMM (``torch.ops.mkl._mkl_reorder_linear_weight``, the
   op TorchInductor's freezing pass uses), packed for exactly ``rows`` rows; inputs of
   ``MIN_PREPACKED_ROWS`` to ``rows`` rows are zero-padded to ``rows``.
@@ -81,8 +82,8 @@ def check_prepack_supported(model: nn.Module) -> None:
     reason = prepack_unsupported_reason(model)
     if reason is not None:
         raise UnsupportedModelError(
-            f"cannot pre-pack linear weights: {reason} (pre-packing needs float32 weights on CPU and either an AVX-512 CPU "
-            "with a C compiler or a PyTorch built with MKL)"
+            f"cannot pre-pack linear weights: {reason} (pre-packing needs float32 weights on CPU and either an AVX2 or "
+            "AVX-512 CPU with a C compiler or a PyTorch built with MKL)"
         )
 
 

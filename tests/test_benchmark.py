@@ -64,8 +64,13 @@ def test_benchmark_end_to_end_fp32(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["num_questions"] == 3 and results["machine"]["dtype"] == "float32" and results["machine"]["torch_threads"] == 1
     assert results["machine"]["cpu"] and results["machine"]["transformers"] and results["machine"]["date"]
-    assert [q["order"][0] for q in results["questions"]] == ["plain", "pld", "medusa"]
     overall = results["summary"]["overall"]
+    kernel_runs = results["machine"]["prepack_backend"] == "row_gemm"
+    assert ("plain_kernel" in overall) == kernel_runs == (results["machine"]["kernel"]["variant"] is not None)
+    expected_methods = ["plain", "plain_kernel", "pld", "medusa"] if kernel_runs else ["plain", "pld", "medusa"]
+    assert [q["order"][0] for q in results["questions"]] == expected_methods[:3]
+    speedups = [q["methods"]["plain"]["seconds"] / q["methods"]["medusa"]["seconds"] for q in results["questions"]]
+    assert overall["medusa"]["min_question_speedup"] == min(speedups)
     assert set(results["summary"]) == {"writing", "qa", "overall"}
     assert overall["plain"]["mean_accepted_tokens"] == 1.0 and overall["plain"]["speedup"] == 1.0
     assert overall["medusa"]["identical_fraction"] == 1.0 and overall["heads"]["identical_fraction"] == 1.0
@@ -98,7 +103,8 @@ def test_benchmark_runs_a_subset_of_methods(tmp_path):
     args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file), "--methods", "heads"]
     assert benchmark.main([*args, "--max-new-tokens", "8", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
-    assert set(results["summary"]["overall"]) == {"plain", "heads"}  # plain always runs: it is the reference
+    kernel = {"plain_kernel"} if results["machine"]["prepack_backend"] == "row_gemm" else set()
+    assert set(results["summary"]["overall"]) == {"plain", "heads"} | kernel  # plain always runs: it is the reference
     assert "heads only speed-up" in (out / "results.md").read_text()
 
 

@@ -1,24 +1,57 @@
 /* Few-row float32 GEMM for tree verification on CPU: y[R, N] = x[R, K] @ w[N, K]^T.
  *
  * Verifying a candidate tree multiplies every weight matrix by a handful of rows (one per node).
- * Decoding is memory-bound: what costs is streaming the weights, so a product with R <= 8 rows
+ * Decoding is memory-bound: what costs is streaming the weights, so a product with a few rows
  * should cost about what a one-row product costs. General GEMM kernels (MKL's, packed or not) do
- * not get there for R = 4-8 on a 2-core AVX-512 CPU (about 1.7x a one-row product); this kernel
- * does, by reading each weight once per call in the order it is stored, with a software prefetch
- * far enough ahead to keep memory busy while the FMAs run.
+ * not get there for R = 4-8 on a 2-core CPU (about 1.7x a one-row product); this kernel does, by
+ * reading each weight once per call in the order it is stored, with a software prefetch far
+ * enough ahead to keep memory busy while the FMAs run.
  *
- * Weights are packed once (pack_weight) into column blocks of BLOCK_COLS outputs:
+ * One source, two instruction sets, chosen by the compiler flags (medusa_lite/kernels/__init__.py
+ * builds each variant into its own library and picks one at run time from the CPU's features):
+ *   -mavx512f -mfma  16-float zmm vectors, 3 per block row (48 outputs), 8 rows per pass
+ *                    (24 accumulators of the 32 zmm registers);
+ *   -mavx2 -mfma     8-float ymm vectors, 2 per block row (16 outputs), 6 rows per pass
+ *                    (12 accumulators + 2 weights + 1 broadcast of the 16 ymm registers).
+ *
+ * Weights are packed once (row_gemm_pack) into column blocks of BLOCK_COLS outputs:
  * packed[b][k][j] = w[b * BLOCK_COLS + j][k], zero for columns past N. One call streams every
  * block once: up to MAX_ROWS rows straight from memory, more rows MAX_ROWS at a time from the
  * block while it is in L2 cache.
- * Built by medusa_lite/kernels/__init__.py with: cc -O3 -mavx512f -mfma -fopenmp -shared -fPIC
  */
 #include <immintrin.h>
 
-#define VECTORS 3                       /* zmm registers of outputs per block row */
-#define BLOCK_COLS (16 * VECTORS)       /* 48 outputs per block */
-#define MAX_ROWS 8                      /* 8 rows x 3 accumulators = 24 of the 32 zmm registers */
-#define PREFETCH_AHEAD 16               /* block rows (of BLOCK_COLS floats) prefetched ahead: 3 KiB */
+#if defined(__AVX512F__) && defined(__FMA__)
+typedef __m512 vec;
+#define LANES 16
+#define VECTORS 3
+#define MAX_ROWS 8
+#define vec_zero() _mm512_setzero_ps()
+#define vec_load(p) _mm512_loadu_ps(p)
+#define vec_broadcast(v) _mm512_set1_ps(v)
+#define vec_fmadd(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define vec_store(p, v) _mm512_storeu_ps(p, v)
+/* the first `count` (< LANES) floats of v */
+#define vec_store_first(p, v, count) _mm512_mask_storeu_ps(p, (__mmask16)((1u << (count)) - 1), v)
+#elif defined(__AVX2__) && defined(__FMA__)
+typedef __m256 vec;
+#define LANES 8
+#define VECTORS 2
+#define MAX_ROWS 6
+#define vec_zero() _mm256_setzero_ps()
+#define vec_load(p) _mm256_loadu_ps(p)
+#define vec_broadcast(v) _mm256_set1_ps(v)
+#define vec_fmadd(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define vec_store(p, v) _mm256_storeu_ps(p, v)
+#define vec_store_first(p, v, count) \
+  _mm256_maskstore_ps(p, _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(count)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)), v)
+#else
+#error "row_gemm.c needs -mavx512f -mfma or -mavx2 -mfma"
+#endif
+
+#define BLOCK_COLS (LANES * VECTORS)
+#define PREFETCH_BYTES 3072             /* how far ahead of the current block row to prefetch */
+#define CACHE_LINE 64
 
 long row_gemm_block_cols(void) { return BLOCK_COLS; }
 long row_gemm_max_rows(void) { return MAX_ROWS; }
@@ -35,34 +68,32 @@ void row_gemm_pack(const float *w, float *packed, long N, long K, int threads) {
       }
 }
 
-static inline void store_row(float *y, long n0, long N, const __m512 *acc) {
+static inline void store_row(float *y, long n0, long N, const vec *acc) {
   for (int v = 0; v < VECTORS; v++) {
-    long n = n0 + 16 * v;
-    if (n + 16 <= N)
-      _mm512_storeu_ps(y + n, acc[v]);
+    long n = n0 + LANES * v;
+    if (n + LANES <= N)
+      vec_store(y + n, acc[v]);
     else if (n < N)
-      _mm512_mask_storeu_ps(y + n, (__mmask16)((1u << (N - n)) - 1), acc[v]);
+      vec_store_first(y + n, acc[v], N - n);
   }
 }
 
 #define BLOCK_KERNEL(R)                                                                          \
   static void block_rows_##R(const float *x, const float *packed, float *y, long b, long N, long K) { \
-    __m512 acc[R][VECTORS];                                                                      \
+    vec acc[R][VECTORS];                                                                         \
     for (int r = 0; r < R; r++)                                                                  \
-      for (int v = 0; v < VECTORS; v++) acc[r][v] = _mm512_setzero_ps();                         \
+      for (int v = 0; v < VECTORS; v++) acc[r][v] = vec_zero();                                  \
     const float *p = packed + b * K * BLOCK_COLS;                                                \
     for (long k = 0; k < K; k++) {                                                               \
       const float *q = p + k * BLOCK_COLS;                                                       \
-      const char *ahead = (const char *)(q + PREFETCH_AHEAD * BLOCK_COLS);                       \
-      _mm_prefetch(ahead, _MM_HINT_T0);                                                          \
-      _mm_prefetch(ahead + 64, _MM_HINT_T0);                                                     \
-      _mm_prefetch(ahead + 128, _MM_HINT_T0);                                                    \
-      __m512 w0 = _mm512_loadu_ps(q), w1 = _mm512_loadu_ps(q + 16), w2 = _mm512_loadu_ps(q + 32); \
+      const char *ahead = (const char *)q + PREFETCH_BYTES;                                      \
+      for (int line = 0; line < (int)(BLOCK_COLS * sizeof(float)); line += CACHE_LINE)           \
+        _mm_prefetch(ahead + line, _MM_HINT_T0);                                                 \
+      vec w[VECTORS];                                                                            \
+      for (int v = 0; v < VECTORS; v++) w[v] = vec_load(q + LANES * v);                          \
       for (int r = 0; r < R; r++) {                                                              \
-        __m512 xr = _mm512_set1_ps(x[r * K + k]);                                                \
-        acc[r][0] = _mm512_fmadd_ps(w0, xr, acc[r][0]);                                          \
-        acc[r][1] = _mm512_fmadd_ps(w1, xr, acc[r][1]);                                          \
-        acc[r][2] = _mm512_fmadd_ps(w2, xr, acc[r][2]);                                          \
+        vec xr = vec_broadcast(x[r * K + k]);                                                    \
+        for (int v = 0; v < VECTORS; v++) acc[r][v] = vec_fmadd(w[v], xr, acc[r][v]);            \
       }                                                                                          \
     }                                                                                            \
     for (int r = 0; r < R; r++) store_row(y + r * N, b * BLOCK_COLS, N, acc[r]);                 \
@@ -74,11 +105,13 @@ BLOCK_KERNEL(3)
 BLOCK_KERNEL(4)
 BLOCK_KERNEL(5)
 BLOCK_KERNEL(6)
+#if MAX_ROWS > 6
 BLOCK_KERNEL(7)
 BLOCK_KERNEL(8)
+#endif
 
 /* Rows r0.. of one column block, MAX_ROWS at a time: the block's weights come from memory for the
- * first group and are still in L2 cache (K * BLOCK_COLS floats: 110-295 KiB here) for the next. */
+ * first group and are still in L2 cache (K * BLOCK_COLS floats) for the next. */
 static void block_all_rows(const float *x, const float *packed, float *y, long b, long R, long N, long K) {
   for (long r0 = 0; r0 < R; r0 += MAX_ROWS) {
     const float *xr = x + r0 * K;
@@ -90,8 +123,10 @@ static void block_all_rows(const float *x, const float *packed, float *y, long b
       case 4: block_rows_4(xr, packed, yr, b, N, K); break;
       case 5: block_rows_5(xr, packed, yr, b, N, K); break;
       case 6: block_rows_6(xr, packed, yr, b, N, K); break;
+#if MAX_ROWS > 6
       case 7: block_rows_7(xr, packed, yr, b, N, K); break;
       case 8: block_rows_8(xr, packed, yr, b, N, K); break;
+#endif
     }
   }
 }
