@@ -1,0 +1,196 @@
+"""Decoding with a sequential drafter: its KV cache, and draft trees grown by its confidence.
+
+The cache holds one entry per committed pair (target feature h_i, token x_{i+1}); see
+:mod:`medusa_lite.drafter` for the positions. A step (EAGLE-2's draft tree):
+
+1. the last committed entry's output gives the root's children: its top-k tokens are depth 1;
+2. at each further depth the ``topk`` likeliest frontier nodes (by cumulative draft log
+   probability) are expanded in one drafter forward (each attends to the committed cache and its
+   own expanded ancestors), each giving its own top-k children;
+3. all candidates are ranked by cumulative probability and the best are kept (how many: the
+   caller's rule, e.g. the measured cost of verifying rows); a child's probability never
+   exceeds its parent's, so the kept set is a tree.
+
+The candidates are a deterministic function of the committed text, so the usual exact acceptance
+rule applies (greedy: the target's tokens; sampling: the target's distribution). After
+verification :func:`commit_pairs` appends the accepted pairs with the target's true features; the
+draft entries of a step are never written into the cache, so nothing needs rolling back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from medusa_lite.drafter import SequentialDrafter, masked_attention
+from medusa_lite.lookup import DraftTree
+
+
+@dataclass(frozen=True)
+class DrafterCache:
+    """The drafter's keys/values of the committed pairs [kv_heads, L, head_dim] (L = committed tokens - 1)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    @classmethod
+    def empty(cls, drafter: SequentialDrafter, device: torch.device, dtype: torch.dtype) -> "DrafterCache":
+        shape = (drafter.config.num_key_value_heads, 0, drafter.config.head_dim)
+        return cls(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
+
+    @property
+    def length(self) -> int:
+        return self.keys.shape[-2]
+
+
+@dataclass(frozen=True)
+class RootDraft:
+    """What the last committed pair gave: the feature depth 2 reads and the root's children's logits [G]."""
+
+    feature: torch.Tensor  # [H]
+    logits: torch.Tensor  # [G]
+
+
+def commit_pairs(
+    drafter: SequentialDrafter, cache: DrafterCache, features: torch.Tensor, tokens: torch.Tensor, embed: nn.Module, lm_head: nn.Module
+) -> tuple[DrafterCache, RootDraft]:
+    """Append pairs (features [n, H] of the target, the tokens [n] that followed them) to the cache.
+
+    Returns the longer cache and the last pair's output (the next step's root draft). The n rows
+    attend to the whole cache and causally among themselves: one forward, the prefix never rerun.
+    """
+    n, length = tokens.numel(), cache.length
+    positions = torch.arange(length, length + n, device=tokens.device)
+    allowed = torch.ones(n, length + n, dtype=torch.bool, device=tokens.device)
+    allowed[:, length:] = torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()
+
+    def attend(q, k, v):
+        return masked_attention(q, torch.cat([cache.keys, k], dim=-2), torch.cat([cache.values, v], dim=-2), allowed)
+
+    step = drafter(features.to(cache.keys.dtype), embed(tokens), positions, attend)
+    longer = DrafterCache(torch.cat([cache.keys, step.keys], dim=-2), torch.cat([cache.values, step.values], dim=-2))
+    last = step.features[-1]
+    return longer, RootDraft(last, drafter.project(last, lm_head).float())
+
+
+@dataclass
+class Candidates:
+    """All drafted nodes of a step, the root first (index 0): tokens, parents, depths, cumulative log probabilities."""
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    scores: list[float]
+
+    def add(self, token: int, parent: int, score: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.scores.append(score)
+        return len(self.tokens) - 1
+
+
+def expand_nodes(
+    drafter: SequentialDrafter,
+    cache: DrafterCache,
+    draft_keys: torch.Tensor,
+    draft_values: torch.Tensor,
+    features: torch.Tensor,
+    token_embeds: torch.Tensor,
+    position: int,
+    ancestor_slots: list[list[int]],
+):
+    """Expand m draft nodes of one depth [m, H]: each attends to the committed cache, its expanded
+    ancestors (``ancestor_slots[i]``: rows of ``draft_keys``) and itself, at ``position``."""
+    m, committed, drafted = features.shape[0], cache.length, draft_keys.shape[-2]
+    allowed = torch.zeros(m, committed + drafted + m, dtype=torch.bool, device=features.device)
+    allowed[:, :committed] = True
+    for row, slots in enumerate(ancestor_slots):
+        allowed[row, [committed + s for s in slots]] = True
+        allowed[row, committed + drafted + row] = True
+
+    def attend(q, k, v):
+        keys = torch.cat([cache.keys, draft_keys, k], dim=-2)
+        values = torch.cat([cache.values, draft_values, v], dim=-2)
+        return masked_attention(q, keys, values, allowed)
+
+    return drafter(features, token_embeds, torch.full((m,), position, device=features.device), attend)
+
+
+def grow_candidates(
+    drafter: SequentialDrafter, cache: DrafterCache, root: RootDraft, root_token: int, embed: nn.Module, lm_head: nn.Module, depth: int, topk: int
+) -> Candidates:
+    """Candidates to ``depth`` (EAGLE-2): each depth expands the ``topk`` best frontier nodes, each offering its top-``topk`` children."""
+    candidates = Candidates([root_token], [0], [0], [0.0])
+    k = min(topk, root.logits.shape[-1])
+    first = torch.log_softmax(root.logits, dim=-1).topk(k)
+    frontier = [candidates.add(int(t), 0, float(s)) for t, s in zip(drafter.guess_ids(first.indices).tolist(), first.values.tolist())]
+    parent_feature = {node: root.feature for node in frontier}  # the feature a node's expansion reads
+    slot: dict[int, int] = {}  # expanded node -> its row among this step's draft keys
+    draft_keys, draft_values = cache.keys[..., :0, :], cache.values[..., :0, :]
+    device = cache.keys.device
+    for level in range(1, depth):
+        ancestor_slots = []
+        for node in frontier:
+            ancestors, ancestor = [], candidates.parents[node]
+            while ancestor != 0:
+                ancestors.append(slot[ancestor])
+                ancestor = candidates.parents[ancestor]
+            ancestor_slots.append(ancestors)
+        tokens = torch.tensor([candidates.tokens[node] for node in frontier], device=device)
+        features = torch.stack([parent_feature[node] for node in frontier])
+        step = expand_nodes(drafter, cache, draft_keys, draft_values, features, embed(tokens), cache.length - 1 + level, ancestor_slots)
+        for row, node in enumerate(frontier):
+            slot[node] = draft_keys.shape[-2] + row
+        draft_keys, draft_values = torch.cat([draft_keys, step.keys], dim=-2), torch.cat([draft_values, step.values], dim=-2)
+        children = torch.log_softmax(drafter.project(step.features, lm_head).float(), dim=-1).topk(k)  # [m, k]
+        totals = children.values + torch.tensor([candidates.scores[node] for node in frontier], device=device)[:, None]
+        child_tokens = drafter.guess_ids(children.indices).tolist()
+        added = []
+        for row, node in enumerate(frontier):
+            for token, score in zip(child_tokens[row], totals[row].tolist()):
+                child = candidates.add(int(token), node, score)
+                parent_feature[child] = step.features[row]
+                added.append(child)
+        frontier = sorted(added, key=lambda node: (-candidates.scores[node], node))[:k]
+    return candidates
+
+
+def ranked_nodes(candidates: Candidates) -> list[int]:
+    """Non-root candidates, most confident first; ties keep creation order, so parents precede children."""
+    return sorted(range(1, len(candidates.tokens)), key=lambda node: (-candidates.scores[node], node))
+
+
+def best_count_by_cost(confidences: list[float], max_nodes: int, cost: Callable[[int], float] | None, tokens_per_cost: float, extra_rows: int = 0) -> int:
+    """How many of the ranked nodes to verify: ``max_nodes - 1`` without a cost, else the count maximising
+    expected tokens (1 + the kept confidences) minus ``tokens_per_cost`` x cost(rows), as the dynamic tree does."""
+    limit = min(max_nodes - 1, len(confidences))
+    if cost is None:
+        return limit
+    expected, best_value, best_count = 1.0, 1.0 - tokens_per_cost * cost(1 + extra_rows), 0
+    for count in range(1, limit + 1):
+        expected += confidences[count - 1]
+        value = expected - tokens_per_cost * cost(1 + count + extra_rows)
+        if value > best_value:
+            best_value, best_count = value, count
+    return best_count
+
+
+def tree_of_candidates(candidates: Candidates, kept: list[int], device: torch.device) -> DraftTree:
+    """The :class:`DraftTree` of the root and the ``kept`` nodes (an ancestor-closed set), shallow first."""
+    order = [0] + sorted(kept, key=lambda node: (candidates.depths[node], node))
+    index = {node: i for i, node in enumerate(order)}
+    parents = [index[candidates.parents[node]] for node in order]
+    mask = torch.eye(len(order), dtype=torch.bool)
+    for i in range(1, len(order)):
+        mask[i] |= mask[parents[i]]
+    return DraftTree(
+        tokens=torch.tensor([candidates.tokens[node] for node in order], dtype=torch.long, device=device),
+        parents=torch.tensor(parents, dtype=torch.long),
+        node_depths=torch.tensor([candidates.depths[node] for node in order], dtype=torch.long),
+        ancestor_mask=mask,
+        from_lookup=torch.zeros(len(order), dtype=torch.bool),
+    )

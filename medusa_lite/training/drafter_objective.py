@@ -1,0 +1,115 @@
+"""Training a sequential drafter: every position of a sequence at once, depth after depth.
+
+"Training-time test" (EAGLE-3): depth d's rows read the output features depth d-1 produced (not
+the target's), paired with the true token, and attend causally to the true pairs plus their own
+position's rows of the earlier depths (:func:`~medusa_lite.drafter.causal_plus_own_attention`).
+That is exactly what decoding computes along a drafted path whose tokens are right so far, which
+is the only path that can still be accepted: so the held-out accuracy of depth d here is the
+drafter's accuracy at depth d *given depths < d right*, as at inference, and the chain accuracy
+(top-1 right at every depth 1..d) is the fraction of positions where a greedy chain of depth d
+would be accepted whole.
+
+Alignment (as for Medusa heads, :mod:`medusa_lite.training.losses`): the target's hidden state at
+position t is paired with token x_{t+1}; depth d at t guesses x_{t+1+d}; its input token is
+x_{t+d} and its position t + d - 1.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from medusa_lite.drafter import SequentialDrafter, causal_plus_own_attention
+from medusa_lite.training.losses import IGNORE, head_loss, head_targets, to_draft_targets
+from medusa_lite.training.objective import LossSettings
+
+
+def shifted_tokens(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
+    """input_ids [B, T] moved ``shift`` places left, padded with token 0 (rows past the end have no target)."""
+    shifted = torch.zeros_like(input_ids)
+    if shift < input_ids.shape[1]:
+        shifted[:, : input_ids.shape[1] - shift] = input_ids[:, shift:]
+    return shifted
+
+
+def unrolled_features(drafter: SequentialDrafter, hidden: torch.Tensor, input_ids: torch.Tensor, embed: nn.Module, depth: int) -> list[torch.Tensor]:
+    """The drafter's output features [B, T, H] at depths 1..``depth``, each depth reading the previous one's."""
+    length = input_ids.shape[1]
+    base_positions = torch.arange(length, device=input_ids.device).expand_as(input_ids)
+    outputs: list[torch.Tensor] = []
+    true_k = true_v = None
+    earlier_k: list[torch.Tensor] = []
+    earlier_v: list[torch.Tensor] = []
+    features = hidden
+    for level in range(1, depth + 1):
+        tokens = embed(shifted_tokens(input_ids, level))
+
+        def attend(q, k, v):
+            if true_k is None:  # depth 1: causal over the true pairs themselves
+                return causal_plus_own_attention(q, k, v, [], [], k, v)
+            return causal_plus_own_attention(q, k, v, earlier_k, earlier_v, true_k, true_v)
+
+        step = drafter(features, tokens, base_positions + level - 1, attend)
+        if true_k is None:
+            true_k, true_v = step.keys, step.values
+        else:
+            earlier_k.append(step.keys)
+            earlier_v.append(step.values)
+        outputs.append(step.features)
+        features = step.features
+    return outputs
+
+
+class DrafterObjective(nn.Module):
+    """What ``accelerator.prepare`` gets for a sequential drafter: the drafter; the frozen embedding and lm_head beside it.
+
+    ``forward`` returns ``(loss, vector)``: the :class:`~medusa_lite.training.losses.HeadStats`
+    vector over depths (per-depth accuracy given the earlier depths right), then per depth the
+    chain hits and chain positions (counted only when gradients are off: evaluation).
+    """
+
+    def __init__(self, drafter: SequentialDrafter, base_lm_head: nn.Module, input_embeddings: nn.Module, settings: LossSettings):
+        super().__init__()
+        self.heads = drafter  # the name the loop saves from
+        self._frozen = (base_lm_head, input_embeddings)  # a tuple: not registered as submodules
+        self.settings = settings
+
+    @property
+    def depth(self) -> int:
+        return len(self.settings.weights)
+
+    def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, topk: int = 1):
+        base_lm_head, embed = self._frozen
+        drafter = self.heads
+        parameter = next(drafter.parameters())
+        outputs = unrolled_features(drafter, hidden.to(parameter.dtype), input_ids, embed, self.depth)
+        targets = head_targets(input_ids, loss_mask, self.depth)  # [B, T, K]: depth d at t guesses x_{t+1+d}
+        batch_index, position = torch.nonzero((targets != IGNORE).any(dim=-1), as_tuple=True)
+        rows = torch.stack([out[batch_index, position] for out in outputs], dim=1)  # [P, K, H]
+        row_targets = targets[batch_index, position]
+        if drafter.draft_token_ids is not None:
+            row_targets = to_draft_targets(row_targets, drafter.draft_token_ids, drafter.config.vocab_size)
+        loss, stats = head_loss(
+            rows,
+            row_targets,
+            lambda h: drafter.project(h, base_lm_head).float(),
+            weights=torch.tensor(self.settings.weights),
+            topk=topk,
+            chunk_size=self.settings.chunk_size,
+        )
+        chain = chain_counts(drafter, rows, row_targets, base_lm_head, self.settings.chunk_size) if not torch.is_grad_enabled() else torch.zeros(2 * self.depth, dtype=torch.float64, device=rows.device)
+        return loss, torch.cat([stats.as_vector().double(), chain])
+
+
+def chain_counts(drafter: SequentialDrafter, rows: torch.Tensor, targets: torch.Tensor, base_lm_head: nn.Module, chunk_size: int) -> torch.Tensor:
+    """[2K]: per depth d, positions whose top-1 guesses are right at every depth 1..d, then positions with targets at all of 1..d."""
+    depth = targets.shape[1]
+    hits = torch.zeros(depth, dtype=torch.float64, device=rows.device)
+    counts = torch.zeros(depth, dtype=torch.float64, device=rows.device)
+    for start in range(0, rows.shape[0], chunk_size):
+        guesses = drafter.project(rows[start : start + chunk_size], base_lm_head).argmax(dim=-1)
+        part = targets[start : start + chunk_size]
+        right = (guesses == part) & (part >= 0)
+        hits += right.int().cummin(dim=1).values.sum(dim=0).double()
+        counts += (part != IGNORE).int().cummin(dim=1).values.sum(dim=0).double()
+    return torch.cat([hits, counts])
