@@ -22,6 +22,9 @@ DEFAULT_HEAD_DECAY = 0.8
 DEFAULT_MODEL_KEYWORD = "default"
 DATA_FORMATS = ("auto", "chat", "text")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# What to train: Medusa heads (each head guesses one depth from the target's hidden state) or a
+# sequential drafter (medusa_lite.drafter: one decoder layer drafting depth d from its own depth d-1).
+DRAFTER_KINDS = ("medusa_heads", "sequential")
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
@@ -61,7 +64,8 @@ class TrainConfig:
     dtype: str = "auto"  # the target's dtype; auto: as stored (bf16 for "default"), computed in float32 on CPU
     attn_implementation: str = "sdpa"
     # -- heads
-    num_heads: int = 4
+    drafter: str = "medusa_heads"  # one of DRAFTER_KINDS
+    num_heads: int = 4  # Medusa heads; for the sequential drafter, the depths training unrolls
     num_layers: int = 1
     use_base_lm_head: bool = True
     head_loss_weights: list[float] | None = None  # default: DEFAULT_HEAD_DECAY ** k for head k
@@ -258,6 +262,11 @@ def validate(config: TrainConfig) -> None:
     require(bool(config.data), "config: data is required (one or more .jsonl/.json conversation files or .txt files)")
     require(config.data_format in DATA_FORMATS, f"config: data_format must be one of {DATA_FORMATS}, got {config.data_format!r}")
     require(config.dtype in DTYPES, f"config: dtype must be one of {DTYPES}, got {config.dtype!r}")
+    require(config.drafter in DRAFTER_KINDS, f"config: drafter must be one of {DRAFTER_KINDS}, got {config.drafter!r}")
+    if config.drafter == "sequential":
+        require(config.lora is None, "config: drafter: sequential cannot be combined with lora (Medusa-2 trains Medusa heads with the backbone)")
+        require(config.distill_weight == 0, "config: drafter: sequential trains on the data's tokens; set distill_weight: 0")
+        require(config.use_base_lm_head, "config: drafter: sequential always reuses the target's lm_head; set use_base_lm_head: true")
     require(config.lr_scheduler in LR_SCHEDULERS, f"config: lr_scheduler must be one of {LR_SCHEDULERS}, got {config.lr_scheduler!r}")
     for name in ("num_heads", "batch_size", "max_length", "topk", "log_every", "checkpoint_every", "keep_checkpoints", "loss_chunk_positions"):
         require(getattr(config, name) >= 1, f"config: {name} must be >= 1, got {getattr(config, name)}")

@@ -35,23 +35,30 @@ SHARD_SEQUENCES = 512
 CACHE_VERSION = 1
 
 
-def cache_span(loss_mask: torch.Tensor, num_heads: int) -> tuple[int, int]:
-    """[start, end) of the positions of one sequence that train any head (see module doc)."""
+def cache_span(loss_mask: torch.Tensor, num_heads: int, from_start: bool = False) -> tuple[int, int]:
+    """[start, end) of the positions of one sequence that train any head (see module doc).
+
+    ``from_start``: from position 0 (a sequential drafter attends to every earlier position, the
+    prompt's included).
+    """
     target_positions = torch.nonzero(loss_mask[2:], as_tuple=True)[0] + 2
     if target_positions.numel() == 0:
         return 0, 0
     first, last = int(target_positions[0]), int(target_positions[-1])
-    return max(0, first - 1 - num_heads), last
+    return (0 if from_start else max(0, first - 1 - num_heads)), last
 
 
-def estimate_cache_bytes(samples: list[Sample], hidden_size: int, num_heads: int) -> int:
-    positions = sum(end - start for start, end in (cache_span(s.loss_mask, num_heads) for s in samples))
+def estimate_cache_bytes(samples: list[Sample], hidden_size: int, num_heads: int, from_start: bool = False) -> int:
+    positions = sum(end - start for start, end in (cache_span(s.loss_mask, num_heads, from_start) for s in samples))
     return positions * hidden_size * BYTES_PER_VALUE
 
 
-def fingerprint(samples: list[Sample], *, model_name: str, hidden_size: int, num_heads: int) -> str:
+def fingerprint(samples: list[Sample], *, model_name: str, hidden_size: int, num_heads: int, from_start: bool = False) -> str:
     digest = hashlib.sha256()
-    digest.update(json.dumps({"model": model_name, "hidden": hidden_size, "heads": num_heads, "version": CACHE_VERSION}).encode())
+    described = {"model": model_name, "hidden": hidden_size, "heads": num_heads, "version": CACHE_VERSION}
+    if from_start:  # only then: the fingerprints of existing heads caches stay as they were
+        described["from_start"] = True
+    digest.update(json.dumps(described).encode())
     for sample in samples:
         digest.update(sample.input_ids.numpy().tobytes())
         digest.update(sample.loss_mask.numpy().tobytes())
@@ -121,6 +128,7 @@ def build_cache(
     world_size: int = 1,
     wait_for_everyone=lambda: None,
     progress=None,
+    from_start: bool = False,
 ) -> None:
     """Compute and store the spans' hidden states; ranks split the shards between them.
 
@@ -131,7 +139,7 @@ def build_cache(
     if rank == 0 and (cache_dir / INFO_NAME).exists():
         (cache_dir / INFO_NAME).unlink()  # stale: invalidate before rebuilding
     wait_for_everyone()
-    spans = [cache_span(s.loss_mask, num_heads) for s in samples]
+    spans = [cache_span(s.loss_mask, num_heads, from_start) for s in samples]
     num_shards = (len(samples) + SHARD_SEQUENCES - 1) // SHARD_SEQUENCES
     for shard in range(rank, num_shards, world_size):
         first = shard * SHARD_SEQUENCES
@@ -158,6 +166,7 @@ def build_cache(
             "shard_sequences": SHARD_SEQUENCES,
             "hidden_size": hidden_size,
             "num_heads": num_heads,
+            "from_start": from_start,
             "positions": sum(e - s for s, e in spans),
             "version": CACHE_VERSION,
         }
@@ -170,12 +179,12 @@ def build_cache(
 class HiddenCache:
     """Read access to a built cache: ``batch_hidden(indices, length)`` -> [B, T, H] (zeros outside spans)."""
 
-    def __init__(self, cache_dir: Path, samples: list[Sample], num_heads: int):
+    def __init__(self, cache_dir: Path, samples: list[Sample], num_heads: int, from_start: bool = False):
         info = read_info(cache_dir)
         if info is None:
             raise HiddenCacheError(f"{cache_dir} holds no complete hidden-state cache ({INFO_NAME} missing)")
         self.hidden_size = info["hidden_size"]
-        self.spans = [cache_span(s.loss_mask, num_heads) for s in samples]
+        self.spans = [cache_span(s.loss_mask, num_heads, from_start) for s in samples]
         self.shards = [np.load(cache_dir / shard_name(i), mmap_mode="r") for i in range(info["num_shards"])]
         self.locations = []  # sequence -> (shard, first row)
         for shard in range(info["num_shards"]):

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.heads import MedusaConfig, MedusaHeads
 from medusa_lite.training import checkpoint as ckpt
 from medusa_lite.training import hidden_cache
@@ -54,8 +55,11 @@ class TrainResult:
 class BatchSource:
     """Hidden states (heads-only mode) or token batches (Medusa-2) for sample indices."""
 
-    def __init__(self, samples, base_model, num_heads: int, with_teacher: bool, device, pad_id: int, cache: hidden_cache.HiddenCache | None = None, offset: int = 0):
+    def __init__(
+        self, samples, base_model, num_heads: int, with_teacher: bool, device, pad_id: int, cache: hidden_cache.HiddenCache | None = None, offset: int = 0, sequential: bool = False
+    ):
         self.samples = samples
+        self.sequential = sequential  # a sequential drafter trains on whole sequences, not flattened rows
         self.base_model = base_model
         self.num_heads = num_heads
         self.with_teacher = with_teacher
@@ -67,18 +71,34 @@ class BatchSource:
     def tokens(self, indices: list[int]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in collate([self.samples[i] for i in indices], self.pad_id).items()}
 
-    def rows(self, indices: list[int]):
+    def hidden_and_tokens(self, indices: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The target's final hidden states [B, T, H] of the batch (from the cache or a live forward) and its tokens."""
         batch = self.tokens(indices)
         if self.cache is not None:
             hidden = self.cache.batch_hidden([self.offset + i for i in indices], batch["input_ids"].shape[1]).to(self.device)
         else:
             with torch.no_grad():
                 hidden = last_hidden(self.base_model, batch["input_ids"], batch["attention_mask"])
+        return hidden, batch
+
+    def rows(self, indices: list[int]):
+        hidden, batch = self.hidden_and_tokens(indices)
         return gather_rows(hidden, batch["input_ids"], batch["loss_mask"], self.num_heads, self.with_teacher)
+
+
+def forward_sequences(objective, source: BatchSource, indices: list[int], topk: int):
+    """A sequential drafter's (loss, stats vector with the chain counts, positions trained)."""
+    hidden, batch = source.hidden_and_tokens(indices)
+    loss, vector = objective(hidden, batch["input_ids"], batch["loss_mask"], topk=topk)
+    positions = int((head_targets(batch["input_ids"], batch["loss_mask"], source.num_heads) != IGNORE).any(dim=-1).sum())
+    return loss, vector, positions
 
 
 def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: bool, topk: int = 1):
     """(loss, per-head stats vector counting ``topk`` ranks, Medusa-2 base KL or None, positions trained)."""
+    if source.sequential:
+        loss, vector, positions = forward_sequences(objective, source, indices, topk)
+        return loss, vector[: -2 * source.num_heads], None, positions
     if medusa2:
         batch = source.tokens(indices)
         loss, vector = objective(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], topk=topk)
@@ -92,32 +112,59 @@ def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: b
 # -- evaluation ---------------------------------------------------------------------------------
 
 
-def evaluate(objective, source: BatchSource, num_samples: int, config: TrainConfig, medusa2: bool) -> HeadStats:
+@dataclass
+class Evaluation:
+    """Held-out sums: per-head (per-depth) stats and, for a sequential drafter, its chain counts."""
+
+    stats: HeadStats
+    chain_hits: torch.Tensor | None = None  # [K] positions whose top-1 is right at every depth 1..d
+    chain_count: torch.Tensor | None = None  # [K] positions with a target at every depth 1..d
+
+
+def evaluate(objective, source: BatchSource, num_samples: int, config: TrainConfig, medusa2: bool) -> Evaluation:
     """Per-head sums over the whole held-out split (every rank evaluates all of it: same result everywhere)."""
-    stats = HeadStats.zeros(config.num_heads, config.topk)
+    k = config.num_heads
+    result = Evaluation(HeadStats.zeros(k, config.topk))
+    if source.sequential:
+        result.chain_hits, result.chain_count = torch.zeros(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)
     objective.eval()
     with torch.no_grad():
         for start in range(0, num_samples, config.batch_size):
             indices = list(range(start, min(start + config.batch_size, num_samples)))
-            _, vector, _, _ = forward_batch(objective, source, indices, medusa2, topk=config.topk)
-            stats.add(HeadStats.from_vector(vector.detach().double().cpu(), config.num_heads, config.topk))
+            if source.sequential:
+                _, vector, _ = forward_sequences(objective, source, indices, config.topk)
+                vector = vector.detach().double().cpu()
+                result.chain_hits += vector[-2 * k : -k]
+                result.chain_count += vector[-k:]
+                vector = vector[: -2 * k]
+            else:
+                _, vector, _, _ = forward_batch(objective, source, indices, medusa2, topk=config.topk)
+            result.stats.add(HeadStats.from_vector(vector.detach().double().cpu(), k, config.topk))
     objective.train()
-    return stats
+    return result
 
 
-def accuracy_report(stats: HeadStats, topk: int) -> dict:
-    return {
+def accuracy_report(evaluation: Evaluation, topk: int) -> dict:
+    """Held-out accuracy per head (for a sequential drafter: per depth, given the earlier depths right, and its chain accuracy)."""
+    stats = evaluation.stats
+    report = {
         "top1_accuracy": [round(v, 4) for v in stats.top1()],
         f"top{topk}_accuracy": [round(v, 4) for v in stats.topk_cumulative()],
         "topk_accuracy": [[round(v, 4) for v in row] for row in stats.rank_accuracy()],
         "eval_loss": [round(v, 4) for v in stats.mean_ce()],
         "eval_positions": [int(c) for c in stats.count.tolist()],
     }
+    if evaluation.chain_hits is not None:
+        report["chain_top1_accuracy"] = [round(float(h / max(c, 1)), 4) for h, c in zip(evaluation.chain_hits, evaluation.chain_count)]
+    return report
 
 
 def describe_accuracy(report: dict, topk: int) -> str:
     pairs = [f"head {k + 1}: {a:.3f}/{b:.3f}" for k, (a, b) in enumerate(zip(report["top1_accuracy"], report[f"top{topk}_accuracy"]))]
-    return f"held-out top-1/top-{topk} accuracy: " + ", ".join(pairs)
+    text = f"held-out top-1/top-{topk} accuracy: " + ", ".join(pairs)
+    if "chain_top1_accuracy" in report:
+        text = text.replace("head ", "depth ") + "; chain top-1 (right at every depth so far): " + " / ".join(f"{a:.3f}" for a in report["chain_top1_accuracy"])
+    return text
 
 
 # -- logging ------------------------------------------------------------------------------------
@@ -171,12 +218,13 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
     hidden_size = base_model.get_output_embeddings().weight.shape[1]
     cache_dir = config.cache_dir()
     name = f"{getattr(base_model.config, '_name_or_path', '') or config.model} ({base_model.dtype})"
-    fingerprint_value = hidden_cache.fingerprint(samples, model_name=name, hidden_size=hidden_size, num_heads=config.num_heads)
-    needed = hidden_cache.estimate_cache_bytes(samples, hidden_size, config.num_heads)
+    fingerprint_value = hidden_cache.fingerprint(samples, model_name=name, hidden_size=hidden_size, num_heads=config.num_heads, from_start=config.drafter == "sequential")
+    from_start = config.drafter == "sequential"
+    needed = hidden_cache.estimate_cache_bytes(samples, hidden_size, config.num_heads, from_start)
     info = hidden_cache.read_info(cache_dir)
     if info is not None and info.get("fingerprint") == fingerprint_value:
         log.say(f"hidden-state cache: reusing {cache_dir} ({needed / GIGABYTE:.3g} GB, {info['positions']} positions)")
-        return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads), 0.0
+        return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads, from_start), 0.0
     action = "building" if info is None else "rebuilding (data, model or num_heads changed)"
     log.say(f"hidden-state cache: {action} {cache_dir}: {needed / GIGABYTE:.3g} GB in bfloat16 (max_cache_gb {config.max_cache_gb})")
     hidden_cache.check_size(needed, config.max_cache_gb, cache_dir)
@@ -199,20 +247,22 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
         world_size=accelerator.num_processes,
         wait_for_everyone=accelerator.wait_for_everyone,
         progress=bar.update,
+        from_start=from_start,
     )
     bar.close()
     seconds = time.perf_counter() - started
     tokens = sum(int(s.input_ids.numel()) for s in samples)
     log.say(f"hidden-state cache built in {seconds:.1f} s: body forwards over {tokens} tokens ({tokens / max(seconds, 1e-9):.0f} tokens/s over all ranks)")
-    return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads), seconds
+    return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads, from_start), seconds
 
 
 # -- saving -------------------------------------------------------------------------------------
 
 
-def write_heads(heads_config: MedusaConfig, state: dict, heads_dir: Path) -> None:
-    """Save heads atomically (temp folder, then rename) and check they load strictly."""
-    heads = MedusaHeads(heads_config)
+def write_heads(heads_config: MedusaConfig | DrafterConfig, state: dict, heads_dir: Path) -> None:
+    """Save heads (or a drafter) atomically (temp folder, then rename) and check they load strictly."""
+    module_class = SequentialDrafter if isinstance(heads_config, DrafterConfig) else MedusaHeads
+    heads = module_class(heads_config)
     heads.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})  # draft ids stay integers
     temp = heads_dir.with_name(f".tmp-{heads_dir.name}")
     shutil.rmtree(temp, ignore_errors=True)
@@ -224,7 +274,7 @@ def write_heads(heads_config: MedusaConfig, state: dict, heads_dir: Path) -> Non
         os.rename(heads_dir, previous)
     os.rename(temp, heads_dir)
     shutil.rmtree(previous, ignore_errors=True)
-    MedusaHeads.from_pretrained(heads_dir)
+    module_class.from_pretrained(heads_dir)
 
 
 def heads_state(full_state: dict) -> dict:
@@ -266,7 +316,7 @@ class Run:
     accelerator: object
     log: RunLog
     data: TokenizedData
-    heads: MedusaHeads
+    heads: MedusaHeads | SequentialDrafter
     objective: torch.nn.Module
     optimizer: object
     scheduler: object
@@ -335,7 +385,7 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
 
     cache_bytes = 0
     if config.precompute_hidden and hidden_cache.read_info(config.cache_dir()) is None:
-        cache_bytes = hidden_cache.estimate_cache_bytes(data.train + data.eval, heads.config.hidden_size, config.num_heads)
+        cache_bytes = hidden_cache.estimate_cache_bytes(data.train + data.eval, heads.config.hidden_size, config.num_heads, config.drafter == "sequential")
     check_free_space(output_dir, estimate_output_bytes(config, objective, cache_bytes))
     cache, cache_seconds = None, 0.0
     if config.precompute_hidden:
@@ -343,8 +393,9 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with_teacher = config.distill_weight > 0
-    train_source = BatchSource(data.train, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, 0)
-    eval_source = BatchSource(data.eval, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, len(data.train))
+    sequential = config.drafter == "sequential"
+    train_source = BatchSource(data.train, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, 0, sequential)
+    eval_source = BatchSource(data.eval, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, len(data.train), sequential)
 
     trainable = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
@@ -363,9 +414,9 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     if config.wandb is not None:
         init = {"wandb": {k: v for k, v in {"entity": config.wandb.entity, "name": config.wandb.name, "tags": config.wandb.tags or None, "dir": str(output_dir)}.items() if v}}
         accelerator.init_trackers(config.wandb.project, config=config.to_dict(), init_kwargs=init)
+    what = f"a sequential drafter ({config.num_heads} depths)" if sequential else f"{config.num_heads} heads ({'Medusa-2: heads + LoRA' if medusa2 else 'heads only'})"
     log.say(
-        f"training {config.num_heads} heads ({'Medusa-2: heads + LoRA' if medusa2 else 'heads only'}, "
-        f"{'cached hidden states' if cache else 'live target forwards'}) for {total_steps} steps "
+        f"training {what} on {'cached hidden states' if cache else 'live target forwards'} for {total_steps} steps "
         f"({steps_per_epoch} per epoch, batch {config.batch_size} x {world} process(es)) on {accelerator.device}"
     )
     return run
@@ -407,10 +458,11 @@ def restore(run: Run, resume: bool) -> None:
     log.say(f"resuming from {latest[1]} at step {run.start_step}/{run.total_steps}")
 
 
-def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: float, final: HeadStats | None) -> dict:
+def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: float, final: Evaluation | None) -> dict:
     """The ``training_summary`` stored in the heads' config.json (and shown on the model card)."""
     config, data = run.config, run.data
     summary = {
+        "drafter": config.drafter,
         "data": data.stats.path,
         "data_records": data.stats.records,
         "train_sequences": len(data.train),
@@ -457,7 +509,7 @@ def save_results(run: Run, summary: dict, output_dir: Path) -> tuple[Path, Path 
         summary["ranks_in_sync"] = len(set(digests)) == 1
         log.say(f"trainable weights sha256 per rank: {digests} ({'in sync' if summary['ranks_in_sync'] else 'NOT IN SYNC'})")
     if accelerator.is_main_process:
-        heads_config = MedusaConfig(**{**dataclasses.asdict(run.heads.config), "training_summary": summary})
+        heads_config = dataclasses.replace(run.heads.config, training_summary=summary)
         write_heads(heads_config, heads_state(full_state), heads_dir)
         log.say(f"saved heads to {heads_dir}")
         if run.medusa2:

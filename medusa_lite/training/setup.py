@@ -7,11 +7,13 @@ import os
 
 import torch
 
+from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.model import MedusaModel
 from medusa_lite.training.checks import check_processes_connected
 from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
 from medusa_lite.training.errors import TrainingConfigError
+from medusa_lite.training.drafter_objective import DrafterObjective
 from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -75,8 +77,11 @@ def check_draft_vocab_fits(config: TrainConfig, vocab_size: int) -> None:
         raise TrainingConfigError(f"config: draft_vocab_size {config.draft_vocab_size} exceeds the model's vocabulary of {vocab_size} tokens; lower it or set it to null")
 
 
-def fresh_heads(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None = None) -> MedusaHeads:
-    """Fresh heads for ``base_model``; with ``draft_token_ids`` they guess among those tokens only."""
+def fresh_heads(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None = None) -> MedusaHeads | SequentialDrafter:
+    """Fresh heads (or a sequential drafter, per ``config.drafter``) for ``base_model``; with
+    ``draft_token_ids`` they guess among those tokens only."""
+    if config.drafter == "sequential":
+        return fresh_drafter(config, base_model, draft_token_ids)
     heads = MedusaModel.with_new_heads(
         base_model, config.num_heads, num_layers=config.num_layers, use_base_lm_head=config.use_base_lm_head, draft_token_ids=draft_token_ids,
         next_token_input=config.next_token_input,
@@ -86,6 +91,20 @@ def fresh_heads(config: TrainConfig, base_model, draft_token_ids: torch.Tensor |
 
         heads.config.base_model_name_or_path = DEFAULT_MODEL_NAME
     return heads.float()  # float32 master weights whatever the target's dtype
+
+
+def fresh_drafter(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None) -> SequentialDrafter:
+    """A fresh sequential drafter sized like ``base_model``'s layers, unrolled ``config.num_heads`` depths."""
+    draft_size = None if draft_token_ids is None else int(torch.as_tensor(draft_token_ids).numel())
+    drafter_config = DrafterConfig.for_model(base_model, depth=config.num_heads, draft_vocab_size=draft_size)
+    if config.model == DEFAULT_MODEL_KEYWORD:
+        from medusa_lite.default_model import DEFAULT_MODEL_NAME
+
+        drafter_config.base_model_name_or_path = DEFAULT_MODEL_NAME
+    drafter = SequentialDrafter(drafter_config)
+    if draft_token_ids is not None:
+        drafter.set_draft_vocab(draft_token_ids)
+    return drafter.float()
 
 
 def add_lora(config: TrainConfig, base_model):
@@ -99,8 +118,10 @@ def add_lora(config: TrainConfig, base_model):
         raise TrainingConfigError(f"lora.target_modules {settings.target_modules} do not fit the model: {error}") from error
 
 
-def build_objective(config: TrainConfig, base_model, heads: MedusaHeads):
+def build_objective(config: TrainConfig, base_model, heads: MedusaHeads | SequentialDrafter):
     settings = LossSettings(weights=config.loss_weights(), distill_weight=config.distill_weight, chunk_size=config.loss_chunk_positions)
+    if isinstance(heads, SequentialDrafter):
+        return DrafterObjective(heads, base_model.get_output_embeddings(), base_model.get_input_embeddings(), settings), base_model
     if config.lora is None:
         return HeadsObjective(heads, base_model.get_output_embeddings(), settings, base_model.get_input_embeddings()), base_model
     peft_model = add_lora(config, base_model)
