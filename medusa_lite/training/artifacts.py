@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.model import MedusaModel
 from medusa_lite.training.errors import TrainingConfigError
@@ -33,6 +34,7 @@ def load_trained(output_dir: str | os.PathLike, base_model, *, merge: bool = Tru
     adapter_dir = output_dir / ADAPTER_DIR
     model = base_model
     if adapter_dir.is_dir():
+        require_extra("peft", "Loading a LoRA adapter (Medusa-2)")
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(base_model, str(adapter_dir))

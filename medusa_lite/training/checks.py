@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from medusa_lite.extras import install_command, require_extra
 from medusa_lite.training import checkpoint as ckpt
 from medusa_lite.training.config import TrainConfig
 from medusa_lite.training.errors import OutputDirError, TrackerError, TrainingConfigError
@@ -40,7 +41,7 @@ def check_tracker(config: TrainConfig) -> None:
     if config.wandb is None:
         return
     if importlib.util.find_spec("wandb") is None:
-        raise TrackerError("a wandb section is configured but the wandb package is not installed (pip install wandb)")
+        raise TrackerError("a wandb section is configured but the wandb package is not installed (" + install_command("wandb") + ")")
     mode = os.environ.get("WANDB_MODE", "").lower()
     if mode not in OFFLINE_WANDB_MODES and not wandb_key_available():
         raise TrackerError(
@@ -92,6 +93,7 @@ def estimate_output_bytes(config: TrainConfig, objective: torch.nn.Module, cache
 
 def check_processes_connected(accelerator) -> None:
     """Several processes that accelerate does not synchronise would train independent copies."""
+    require_extra("accelerate", "Training heads")
     from accelerate.utils import DistributedType
 
     if accelerator.num_processes > 1 and accelerator.distributed_type == DistributedType.NO:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from medusa_lite.extras import require_extra
 from medusa_lite.training.errors import (
     EmptyDatasetError,
     MissingChatTemplateError,
@@ -96,6 +97,7 @@ class TokenizedData:
 
 def read_records(path: str | Path, data_format: str = "auto"):
     """Load the file with ``datasets``; return (kind, dataset) with kind "chat" or "text"."""
+    require_extra("datasets", "Reading training data")
     import datasets
 
     path = Path(path)

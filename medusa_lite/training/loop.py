@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaConfig, MedusaHeads
 from medusa_lite.training import checkpoint as ckpt
 from medusa_lite.training import hidden_cache
@@ -352,6 +353,7 @@ def train(config: TrainConfig, *, resume: bool = False, push_to_hub: str | None 
 
 
 def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> Run:
+    require_extra("accelerate", "Training heads")
     from accelerate.utils import set_seed
     from transformers import get_scheduler
 

@@ -8,6 +8,7 @@ import os
 import torch
 
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.model import MedusaModel
 from medusa_lite.training.checks import check_processes_connected
@@ -108,6 +109,7 @@ def fresh_drafter(config: TrainConfig, base_model, draft_token_ids: torch.Tensor
 
 
 def add_lora(config: TrainConfig, base_model):
+    require_extra("peft", "Training with a lora: section (Medusa-2)")
     from peft import LoraConfig, get_peft_model
 
     settings = config.lora
@@ -135,6 +137,7 @@ def needs_gloo() -> bool:
 
 
 def make_accelerator(config: TrainConfig):
+    require_extra("accelerate", "Training heads")
     from accelerate import Accelerator
     from accelerate.utils import InitProcessGroupKwargs, ProjectConfiguration
 
