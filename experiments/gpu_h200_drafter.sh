@@ -4,7 +4,7 @@
 # data already in data/self_distill/, on the GPU. Prepared in the issue-19 session (no GPU lent
 # then): NOT YET RUN on a GPU; the CPU pieces it calls are tested (tests/test_train_drafter.py).
 #
-# As in benchmarks/gpu_h200_selfdistill/run.sh (read its README first), the machine reaches no
+# As in experiments/gpu_h200_selfdistill.sh (read benchmarks/gpu_h200_selfdistill/README.md first), the machine reaches no
 # network: the default model's GGUF file (98 MB, over the 64 MiB a call may carry) travels in two
 # halves, part_a stashed in /tmp/stash by an earlier call on the same warm machine, part_b in
 # .gpu/ (ignored by git: `echo /.gpu/ >> .git/info/exclude`), and the wheels the machine lacks
@@ -14,7 +14,7 @@
 #   drafter.tar.gz               the trained drafter folder (config.json + model.safetensors)
 #   heads.tar.gz                 (TRAIN_HEADS=1) Medusa heads trained on the same data, for the ablation
 #   metrics_drafter.jsonl, metrics_heads.jsonl, run.log
-# Usage (repository root, on the GPU machine):  bash benchmarks/gpu_h200_drafter/run.sh
+# Usage (repository root, on the GPU machine):  bash experiments/gpu_h200_drafter.sh
 # Reproduce the drafter on a CPU instead (hours on 2 cores; the hidden-state cache dominates):
 #   accelerate launch --num_processes 1 train/train_heads.py --config configs/smollm2_drafter.yaml
 set -u -o pipefail

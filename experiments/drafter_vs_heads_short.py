@@ -1,7 +1,7 @@
 """A SHORT CPU sanity run: train a sequential drafter on a few self-distilled sequences, then compare
 its held-out accuracy per depth with the shipped Medusa heads' on the same held-out sequences.
 
-    python benchmarks/drafter_short_cpu/compare.py --train 100 --eval 30 --epochs 3 --out benchmarks/drafter_short_cpu
+    python experiments/drafter_vs_heads_short.py --train 100 --eval 30 --epochs 3 --out /tmp/drafter_vs_heads
 
 The held-out sequences are the first ``--eval`` of the split configs/smollm2_heads.yaml gives (the
 shipped heads never trained on them); the drafter trains on the first ``--train`` of that split's
@@ -35,7 +35,7 @@ from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_fe
 from medusa_lite.training.losses import IGNORE, head_targets, to_draft_targets
 from medusa_lite.training.objective import LossSettings, last_hidden
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 
 
 def hidden_states(base, samples, batch_size: int) -> list[torch.Tensor]:
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "drafter_short_cpu")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/drafter_vs_heads"))
     parser.add_argument("--save", type=Path, default=None, help="also save the trained drafter folder here")
     args = parser.parse_args()
     torch.manual_seed(0)
