@@ -20,9 +20,10 @@
     with the highest prediction wins. The table and the chosen tree go to ``tree.json`` (default:
     in the heads folder, where ``medusa_lite.load`` picks it up; ``--out`` elsewhere), with the
     dynamic policy (:class:`~medusa_lite.dynamic_tree.DynamicTree`: up to
-    ``--dynamic-max-nodes`` nodes per step, chosen from the heads' confidence) priced by the same
-    costs, which ``load`` then decodes with; ``--dynamic-max-nodes 0`` writes the static tree only.
-    Time every size up to the dynamic policy's rows (nodes + lookup chain) for exact costs.
+    ``--dynamic-max-nodes`` nodes per step, chosen from the heads' confidence), which ``load``
+    then decodes with; ``--dynamic-max-nodes 0`` writes the static tree only. The file keeps the
+    policy's portable settings only: ``load`` prices it with the step costs of the machine that
+    decodes (:mod:`medusa_lite.costs`); the table here is a note of this machine's.
 """
 
 from __future__ import annotations

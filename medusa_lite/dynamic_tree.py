@@ -7,8 +7,9 @@ this step's paths of top-k ranks by path confidence, the product of the heads' p
 along the path (:func:`~medusa_lite.tree.ranked_paths`), and keeps the first n of them. The sum
 of the kept paths' confidences estimates the guesses the step will accept.
 
-How many: verifying more rows costs more, by a measured, hardware-specific table (``row_costs``,
-written by ``infer/calibrate_tree.py``). Decoding maximises tokens per unit of cost over the whole
+How many: verifying more rows costs more, by a table measured on the machine that decodes
+(``row_costs``, in plain decoding steps: :mod:`medusa_lite.costs`, which ``medusa_lite.load``
+applies; never another machine's). Decoding maximises tokens per unit of cost over the whole
 generation; a step serves that ratio best when it maximises ``expected tokens - tokens_per_cost *
 cost(rows)``, with ``tokens_per_cost`` the ratio decoding achieves (Dinkelbach's method for ratio
 objectives). The rows counted include the prompt-lookup / datastore chain grafted on afterwards,
@@ -36,21 +37,26 @@ DEFAULT_MAX_NODES = 8
 # Expected tokens one unit of step cost must buy (a one-row step costs 1). The replay's best
 # policies achieve ~1.9-2.0 tokens per unit; 1.5-3.0 all predict within 0.02x of the best.
 DEFAULT_TOKENS_PER_COST = 2.0
+# Costs of a policy whose machine has not been measured yet: each row costs a whole step, so no
+# guess pays and every step is a plain one until medusa_lite.costs measures this machine.
+UNMEASURED_ROW_COSTS = (1.0,)
 
 
 @dataclass(frozen=True)
 class DynamicTree:
     """A per-step tree policy: up to ``max_nodes`` nodes, sized by ``row_costs`` and ``tokens_per_cost``.
 
-    ``row_costs[r - 1]``: the relative cost of a decoding step verifying r rows (1.0 for one row);
-    past the table, cost grows in proportion to rows. ``max_depth``: the deepest guess allowed
-    (None: as deep as the heads go); :meth:`pruned` sets it near a length limit.
+    ``row_costs[r - 1]``: the cost of a decoding step verifying r rows, in plain one-token steps
+    (:mod:`medusa_lite.costs`); past the table, cost grows in proportion to rows. ``heads_cost``:
+    what asking the heads costs in the same unit. ``max_depth``: the deepest guess allowed (None:
+    as deep as the heads go); :meth:`pruned` sets it near a length limit.
     """
 
     max_nodes: int
     row_costs: tuple[float, ...]
     tokens_per_cost: float = DEFAULT_TOKENS_PER_COST
     max_depth: int | None = None
+    heads_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or self.max_nodes < 1:
@@ -61,6 +67,8 @@ class DynamicTree:
         object.__setattr__(self, "row_costs", monotone(tuple(float(cost) for cost in costs)))
         if not is_positive_number(self.tokens_per_cost):
             raise TreeError(f"tokens_per_cost must be a positive number, got {self.tokens_per_cost!r}")
+        if not (self.heads_cost == 0 or is_positive_number(self.heads_cost)):
+            raise TreeError(f"heads_cost must be a number >= 0, got {self.heads_cost!r}")
 
     @property
     def num_nodes(self) -> int:
@@ -74,8 +82,16 @@ class DynamicTree:
         return deepest if self.max_depth is None else min(deepest, self.max_depth)
 
     def as_dict(self) -> dict:
-        """The policy as a tree file's ``"dynamic"`` entry records it (``max_depth`` is set at run time, not stored)."""
-        return {"max_nodes": self.max_nodes, "row_costs": list(self.row_costs), "tokens_per_cost": self.tokens_per_cost}
+        """The policy with its costs, as results record it (``max_depth`` is set at run time, not stored)."""
+        return {**self.portable_dict(), "row_costs": list(self.row_costs), "heads_cost": self.heads_cost}
+
+    def portable_dict(self) -> dict:
+        """What a tree file's ``"dynamic"`` entry keeps: no costs, which belong to the machine that decodes."""
+        return {"max_nodes": self.max_nodes, "tokens_per_cost": self.tokens_per_cost}
+
+    def with_costs(self, row_costs: Sequence[float], heads_cost: float = 0.0) -> "DynamicTree":
+        """The same policy priced by other step costs (this machine's, :mod:`medusa_lite.costs`)."""
+        return replace(self, row_costs=tuple(row_costs), heads_cost=heads_cost)
 
     def describe(self) -> str:
         return f"dynamic tree of up to {self.max_nodes} nodes (depth {self.depth})"

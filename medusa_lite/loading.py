@@ -8,11 +8,13 @@ Which tree the returned model decodes with (``model.tree``), first match wins:
 
 1. the ``tree=`` argument: a :class:`Tree`, a :class:`DynamicTree`, a list of rank paths, or a
    ``tree.json`` file (its dynamic policy when it has one);
-2. ``tree.json`` next to the heads, written by ``infer/calibrate_tree.py`` for the hardware it
-   ran on (rerun it on yours: it overwrites that file): its dynamic policy when it has one, else
-   its static tree;
+2. ``tree.json`` next to the heads, written by ``infer/calibrate_tree.py``: its dynamic policy
+   when it has one, else its static tree;
 3. :func:`default_tree_for` the heads: ``training_summary["tree"]``, else Medusa's greedy
    construction from ``training_summary["topk_accuracy"]``, else :func:`default_tree`.
+
+A dynamic policy read from a file is priced with this machine's step costs, measured on first
+use and cached (:mod:`medusa_lite.costs`); a :class:`DynamicTree` given as an object keeps its own.
 
 The datastore (``model.datastore``, :mod:`medusa_lite.datastore`): ``datastore.safetensors``
 next to the heads when there is one, unless ``datastore=`` names another file or is False.
@@ -32,7 +34,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from medusa_lite.attention import TREE_SDPA
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
-from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, DynamicTree
+from medusa_lite.costs import step_costs
+from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import MedusaHeads
@@ -84,12 +87,17 @@ def read_tree_file(path: str | os.PathLike, *, dynamic: bool = True) -> Tree | D
 
 
 def dynamic_tree_from(values: object, path: Path) -> DynamicTree:
-    """The :class:`DynamicTree` a tree file's ``"dynamic"`` entry describes; a clear error if it is malformed."""
-    keys = {"max_nodes", "row_costs"}
-    if not isinstance(values, dict) or not keys <= values.keys() or not isinstance(values["row_costs"], list):
-        raise TreeError(f"tree file {path}: 'dynamic' must be an object with 'max_nodes', a 'row_costs' list and optionally 'tokens_per_cost'")
+    """The :class:`DynamicTree` a tree file's ``"dynamic"`` entry describes; a clear error if it is malformed.
+
+    Its step costs are :data:`~medusa_lite.dynamic_tree.UNMEASURED_ROW_COSTS` until ``load`` measures
+    this machine's (:mod:`medusa_lite.costs`): a ``"row_costs"`` list that older files hold was measured
+    on another machine, and is checked but not used.
+    """
+    if not isinstance(values, dict) or "max_nodes" not in values or not isinstance(values.get("row_costs", []), list):
+        raise TreeError(f"tree file {path}: 'dynamic' must be an object with 'max_nodes' and optionally 'tokens_per_cost'")
     try:
-        return DynamicTree(values["max_nodes"], tuple(values["row_costs"]), values.get("tokens_per_cost", DEFAULT_TOKENS_PER_COST))
+        DynamicTree(1, tuple(values.get("row_costs") or UNMEASURED_ROW_COSTS))  # an old file's costs must still be well formed
+        return DynamicTree(values["max_nodes"], UNMEASURED_ROW_COSTS, values.get("tokens_per_cost", DEFAULT_TOKENS_PER_COST))
     except TreeError as error:
         raise TreeError(f"tree file {path}: {error}") from error
 
@@ -100,7 +108,7 @@ def write_tree_file(path: str | os.PathLike, tree: Tree, notes: dict, dynamic: D
     path.parent.mkdir(parents=True, exist_ok=True)
     values = {"format": TREE_FILE_FORMAT, "num_nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths]}
     if dynamic is not None:
-        values["dynamic"] = dynamic.as_dict()
+        values["dynamic"] = dynamic.portable_dict()
     path.write_text(json.dumps({**values, **notes}, indent=1) + "\n", encoding="utf-8")
     return path
 
@@ -248,4 +256,12 @@ def load(
     prepack_for_tree(medusa.base_model, medusa.tree, prepack)
     if medusa.draft_lm_head is not None and prepack_backend(medusa.base_model) == ROW_GEMM:
         medusa.draft_lm_head.pack_for_few_rows(medusa.num_heads)  # the heads' projection: one row per head
+    if isinstance(medusa.tree, DynamicTree) and not isinstance(tree, DynamicTree):  # a policy given as an object keeps its costs
+        medusa.tree = priced_here(medusa, medusa.tree)
     return medusa, tokenizer
+
+
+def priced_here(model: MedusaModel, policy: DynamicTree) -> DynamicTree:
+    """``policy`` with this machine's step costs for ``model`` (:func:`medusa_lite.costs.step_costs`: cached, or measured now)."""
+    costs = step_costs(model, verification_rows(policy.num_nodes))
+    return policy.with_costs(costs.row_costs, costs.heads_cost)

@@ -12,7 +12,8 @@ from transformers import DynamicCache
 
 from medusa_lite import DynamicTree, MedusaModel
 from medusa_lite.cli import plain_generate
-from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST, row_costs_from_table
+from medusa_lite.costs import step_costs
+from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.loading import load, read_tree_file, verification_rows
 from medusa_lite.kernels import row_gemm_available
@@ -142,12 +143,11 @@ def test_calibration_writes_tree_json_that_load_uses(checkpoint, capsys):
     chosen = written["chosen"]["num_nodes"]
     assert chosen == max(written["table"], key=lambda row: row["predicted_speedup"])["num_nodes"]
     assert Tree.from_paths(written["paths"]) == best_tree(TOPK_ACCURACY, chosen)
-    # The dynamic policy, priced by the same table (every size up to 8 nodes + the 6-token lookup chain).
-    table = [{"num_nodes": row["num_nodes"], "relative_cost": row["relative_cost"]} for row in written["table"]]
-    policy = DynamicTree(DEFAULT_MAX_NODES, row_costs_from_table(table, DEFAULT_MAX_NODES + DEFAULT_LOOKUP_TOKENS), DEFAULT_TOKENS_PER_COST)
-    assert written["dynamic"]["max_nodes"] == DEFAULT_MAX_NODES and written["dynamic"]["row_costs"] == pytest.approx(policy.row_costs)
-    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree == read_tree_file(heads_dir / "tree.json").pruned(NUM_HEADS)  # as deep as the heads
-    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree.row_costs == pytest.approx(policy.row_costs)
+    # The dynamic policy: portable settings only; load prices it with this machine's costs (medusa_lite.costs).
+    assert written["dynamic"] == {"max_nodes": DEFAULT_MAX_NODES, "tokens_per_cost": DEFAULT_TOKENS_PER_COST}
+    loaded = load(model_dir, heads=heads_dir, dtype=torch.float32)[0]
+    costs = step_costs(loaded, DEFAULT_MAX_NODES + DEFAULT_LOOKUP_TOKENS)  # cached by the load just above
+    assert loaded.tree == read_tree_file(heads_dir / "tree.json").pruned(NUM_HEADS).with_costs(costs.row_costs, costs.heads_cost)
     assert read_tree_file(heads_dir / "tree.json", dynamic=False) == best_tree(TOPK_ACCURACY, chosen)
     # A static tree chosen elsewhere (e.g. by a replay with the lookup chain) is kept as given.
     assert calibrate_tree.main(["--model", str(model_dir), "--heads", str(heads_dir), "--static-paths", "[[0], [1]]", *QUICK_ARGS]) == 0

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from medusa_lite import DynamicTree, MedusaModel, Tree, TreeError, generate
-from medusa_lite.dynamic_tree import chain_prefixes, chain_ranks, row_costs_from_table
+from medusa_lite.dynamic_tree import UNMEASURED_ROW_COSTS, chain_prefixes, chain_ranks, row_costs_from_table
 from medusa_lite.loading import read_tree_file, write_tree_file
 from medusa_lite.tree import best_tree, ranked_paths
 from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
@@ -136,9 +136,13 @@ def test_confident_oracle_goes_as_deep_as_the_heads_every_step():
 def test_tree_file_round_trip_with_a_dynamic_policy(tmp_path):
     policy = DynamicTree(6, (1.0, 1.1, 1.2), tokens_per_cost=1.5)
     path = write_tree_file(tmp_path / "tree.json", Tree.from_paths([[0], [1]]), {"note": "test"}, policy)
-    assert read_tree_file(path) == policy
+    assert "row_costs" not in json.loads(path.read_text())["dynamic"]  # costs belong to the machine that decodes
+    assert read_tree_file(path) == policy.with_costs(UNMEASURED_ROW_COSTS)  # until load measures this machine's
     assert read_tree_file(path, dynamic=False) == Tree.from_paths([[0], [1]])
     values = json.loads(path.read_text())
+    values["dynamic"]["row_costs"] = [1.0, 1.0]  # an older file's costs, from another machine: read, not used
+    path.write_text(json.dumps(values))
+    assert read_tree_file(path) == policy.with_costs(UNMEASURED_ROW_COSTS)
     values["dynamic"]["row_costs"] = "fast"
     path.write_text(json.dumps(values))
     with pytest.raises(TreeError, match="'dynamic' must be an object"):

@@ -1,0 +1,209 @@
+"""Step costs measured on the machine that decodes: what verifying r rows costs, in plain decoding steps.
+
+A dynamic tree (:class:`~medusa_lite.dynamic_tree.DynamicTree`) sizes each step by the cost of
+the rows it verifies. That cost depends on the CPU (AVX-512 or not), the few-row kernel
+(:func:`medusa_lite.kernels.kernel_path`), the dtype, the thread count, the device and the
+model, so it is never taken from another machine's file: the first ``load`` of a dynamic tree
+on a new combination measures it (:func:`measure_row_costs`, a few seconds, with a one-line
+message on stderr) and caches it in ``<medusa-lite cache>/costs/`` (:func:`cost_cache_path`),
+keyed by :func:`cost_key`. ``tree.json`` files keep only what carries over between machines.
+
+The unit is one plain decoding step: a one-token forward of the target over the same cached
+prefix, the step ``model.generate`` takes. ``row_costs[r - 1]`` is a verification forward of r
+rows (a tree, its attention mask, the cache compaction after it) over that unit, so
+``row_costs[0]`` is the overhead of a root-only verification over a plain step.
+``heads_cost``: the heads' proposal (all heads, as many guesses as the tree may take) in the
+same unit, paid by every step that asks the heads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from medusa_lite.cache import reserved_cache
+from medusa_lite.default_model import cache_root
+from medusa_lite.kernels import cpu_capability, kernel_path
+from medusa_lite.model import MedusaModel, cache_keyword, text_config
+from medusa_lite.prepack import prepack_backend
+from medusa_lite.tree import Tree
+from medusa_lite.verify import keep_accepted_in_cache, verify_tree
+
+COSTS_FORMAT = "medusa-lite-costs/1"
+COSTS_FOLDER = "costs"
+# Row counts timed; the others take the next larger measured size's cost (never an underestimate).
+CALIBRATION_ROWS = (1, 2, 3, 4, 6, 8, 11, 14, 20)
+CALIBRATION_PREFIX_TOKENS = 128
+CALIBRATION_ROUNDS = 7  # timed rounds at most, each timing every size once in a fresh order
+CALIBRATION_MIN_ROUNDS = 3  # timed rounds at least, whatever the time budget
+CALIBRATION_BUDGET_S = 4.0  # no new round starts after this many seconds (a busy machine stops early)
+CALIBRATION_WARMUP_ROUNDS = 2
+CALIBRATION_SEED = 0
+NO_NODES = torch.zeros(0, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """Measured costs in plain decoding steps (see the module docstring), and what they were measured on."""
+
+    row_costs: tuple[float, ...]  # [r - 1]: a verification of r rows
+    heads_cost: float  # the heads' proposal
+    plain_step_ms: float  # the unit
+    key: dict
+    seconds: float  # what the measurement took
+
+    def as_dict(self) -> dict:
+        return {"format": COSTS_FORMAT, **asdict(self), "row_costs": list(self.row_costs)}
+
+
+def cpu_model_name() -> str:
+    from medusa_lite.cli import cpu_model  # lazy: the CLI module imports loading, which imports this one
+
+    return cpu_model()
+
+
+def model_signature(model: MedusaModel) -> dict:
+    """What of the model shapes its step cost: architecture, sizes, and the heads' shape."""
+    config = text_config(model.base_model)
+    fields = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
+    heads = {"num_heads": model.num_heads, "guess_vocab_size": model.guess_vocab_size, "num_layers": model.config.num_layers}
+    return {**{name: getattr(config, name, None) for name in fields}, "heads": heads}
+
+
+def cost_key(model: MedusaModel) -> dict:
+    """Everything a step's relative cost depends on: machine, backend, dtype, threads, model."""
+    device = model.device
+    return {
+        "cpu": cpu_model_name() if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "cpu_capability": cpu_capability(),
+        "device": device.type,
+        "dtype": str(model.base_model.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+        "kernel": kernel_path().variant or "off",
+        "prepack_backend": prepack_backend(model.base_model),
+        "torch": torch.__version__,
+        "model": model_signature(model),
+    }
+
+
+def cost_cache_path(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / COSTS_FOLDER / f"{digest}.json"
+
+
+def synchronizer(device: torch.device) -> Callable[[], None]:
+    return torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+
+def chain_tree(rows: int) -> Tree:
+    """A chain of ``rows`` nodes (the root and rows - 1 guesses): the mask shape costs the same as any tree's."""
+    return Tree.from_paths([[0] * depth for depth in range(1, rows)])
+
+
+@torch.inference_mode()
+def measure_row_costs(model: MedusaModel, max_rows: int, *, rounds: int = CALIBRATION_ROUNDS, warmup: int = CALIBRATION_WARMUP_ROUNDS) -> StepCosts:
+    """Time plain one-token steps, verifications of each of :data:`CALIBRATION_ROWS` up to ``max_rows`` rows,
+    and the heads' proposal over a cached random prefix; medians, all sizes interleaved in a fresh order each round
+    (``warmup`` untimed rounds, then up to ``rounds`` timed ones, fewer past :data:`CALIBRATION_BUDGET_S`)."""
+    start = time.perf_counter()
+    sync = synchronizer(model.device)
+    generator = torch.Generator().manual_seed(CALIBRATION_SEED)
+    vocab = model.base_model.get_output_embeddings().weight.shape[0]
+    prefix = torch.randint(0, vocab, (CALIBRATION_PREFIX_TOKENS,), generator=generator).to(model.device)
+    sizes = sorted({size for size in CALIBRATION_ROWS if size < max_rows} | {1, max_rows})
+    cache = reserved_cache(model, CALIBRATION_PREFIX_TOKENS + max_rows)
+    prefill = model.target_forward(prefix[None], cache=cache, use_cache=True, logits_to_keep=1)
+    hidden, root = prefill.hidden[0, -1], prefill.logits[0, -1:].argmax(dim=-1)
+    candidates = torch.randint(0, vocab, (max_rows,), generator=generator).to(model.device)
+    trees = {size: chain_tree(size) for size in sizes}
+    plain_keyword = {cache_keyword(type(model.base_model)): cache}
+    ranks = min(max(max_rows - 1, 1), model.guess_vocab_size)
+
+    def plain() -> None:
+        model.base_model(input_ids=root[None], use_cache=True, **plain_keyword).logits[0, -1].argmax()
+
+    def verification(size: int) -> Callable[[], None]:
+        def run() -> None:
+            tokens = torch.cat([root, candidates[: size - 1]])
+            verified = verify_tree(model, cache, trees[size], tokens)
+            verified.logits.argmax(dim=-1)
+            keep_accepted_in_cache(cache, CALIBRATION_PREFIX_TOKENS, torch.zeros(1, dtype=torch.long, device=model.device))
+
+        return run
+
+    def heads() -> None:
+        model.head_topk_probabilities(hidden, ranks, model.num_heads, next_tokens=root.view(()))
+
+    work = {"plain": plain, "heads": heads, **{size: verification(size) for size in sizes}}
+    samples: dict = {name: [] for name in work}
+    shuffler = random.Random(CALIBRATION_SEED)
+    for round_ in range(warmup + rounds):
+        if round_ >= warmup + CALIBRATION_MIN_ROUNDS and time.perf_counter() - start > CALIBRATION_BUDGET_S:
+            break
+        for name in shuffler.sample(list(work), len(work)):
+            sync()
+            began = time.perf_counter()
+            work[name]()
+            sync()
+            if round_ >= warmup:
+                samples[name].append(time.perf_counter() - began)
+            keep_accepted_in_cache(cache, CALIBRATION_PREFIX_TOKENS, NO_NODES)  # back to the bare prefix
+    unit = statistics.median(samples["plain"])
+    # A verification does at least a plain step's work: a ratio below 1 is timing noise.
+    measured = {size: max(1.0, statistics.median(samples[size]) / unit) for size in sizes}
+    row_costs = tuple(next(measured[size] for size in sizes if size >= rows) for rows in range(1, max_rows + 1))
+    heads_cost = statistics.median(samples["heads"]) / unit
+    return StepCosts(row_costs, heads_cost, 1000 * unit, cost_key(model), time.perf_counter() - start)
+
+
+def read_cached_costs(path: Path, key: dict, max_rows: int) -> StepCosts | None:
+    """The costs cached at ``path`` when they were measured for ``key`` and cover ``max_rows`` rows, else None."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        costs = StepCosts(tuple(float(c) for c in values["row_costs"]), float(values["heads_cost"]), float(values["plain_step_ms"]), values["key"], float(values["seconds"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # absent or unreadable: measure again
+    return costs if values.get("format") == COSTS_FORMAT and costs.key == key and len(costs.row_costs) >= max_rows else None
+
+
+def write_cached_costs(path: Path, costs: StepCosts) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = path.with_suffix(f".{time.time_ns()}.tmp")
+    scratch.write_text(json.dumps(costs.as_dict(), indent=1) + "\n", encoding="utf-8")
+    scratch.replace(path)
+
+
+def step_costs(model: MedusaModel, max_rows: int, *, announce: Callable[[str], None] | None = None) -> StepCosts:
+    """This machine's step costs for ``model`` up to ``max_rows`` rows: cached, else measured now and cached.
+
+    ``announce`` gets a one-line message when a measurement runs (default: printed to stderr).
+    """
+    key = cost_key(model)
+    path = cost_cache_path(key)
+    cached = read_cached_costs(path, key, max_rows)
+    if cached is not None:
+        return cached
+    costs = measure_row_costs(model, max_rows)
+    try:
+        write_cached_costs(path, costs)
+        where = f"cached in {path}"
+    except OSError as error:
+        where = f"not cached: {error}"
+    (announce or print_to_stderr)(
+        f"medusa-lite: measured this machine's step costs for the dynamic tree in {costs.seconds:.1f} s "
+        f"({max_rows} rows cost {costs.row_costs[-1]:.2f} plain steps; {where})"
+    )
+    return costs
+
+
+def print_to_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
