@@ -32,3 +32,11 @@ class GenerationInputError(MedusaError, ValueError):
 
 class UnsupportedModelError(MedusaError, ValueError):
     """The target model cannot be verified with a tree attention mask."""
+
+
+class ArtifactNotFoundError(MedusaError, FileNotFoundError):
+    """A local folder does not exist, or a Hub repo (or a file in it) cannot be had."""
+
+
+class AdapterError(MedusaError, ValueError):
+    """An artifact's backbone adapter (Medusa-2's LoRA) is missing, malformed or does not fit the model."""

@@ -26,19 +26,23 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 from torch import nn
 
+from medusa_lite.card import LIBRARY_NAME, PROJECT_URL, TAGS, model_card
 from medusa_lite.errors import DraftVocabError, HeadsFileError
 from medusa_lite.kernels import pack_for_row_gemm
 from medusa_lite.prepack import packed_copy_applies, row_gemm_linear, weight_signature
+from medusa_lite.resolve import ArtifactSource, resolve_source
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 # The heads' buffer of draft-vocabulary token ids (saved in model.safetensors with the weights).
 DRAFT_IDS_NAME = "draft_token_ids"
+# How errors name what a folder or repo was meant to hold.
+HEADS_WHAT = "Medusa heads"
 
 
 @dataclass
@@ -64,6 +68,9 @@ class MedusaConfig:
     draft_vocab_size: int | None = None
     next_token_input: bool = False
     base_model_name_or_path: str | None = None
+    # Trained on the base model with a LoRA adapter (Medusa-2): they run only on the adapted model, and the
+    # artifact holds the adapter in adapter/ (medusa_lite.artifact).
+    backbone_adapter: bool = False
     # Free-form facts about how the heads were made (data, accuracies); never read by the code.
     training_summary: dict = field(default_factory=dict)
 
@@ -72,8 +79,9 @@ class MedusaConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"MedusaConfig.{name} must be a positive integer, got {value!r}")
-        if not isinstance(self.next_token_input, bool):
-            raise ValueError(f"MedusaConfig.next_token_input must be true or false, got {self.next_token_input!r}")
+        for name in ("next_token_input", "backbone_adapter"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"MedusaConfig.{name} must be true or false, got {getattr(self, name)!r}")
         if not isinstance(self.num_layers, int) or self.num_layers < 0:
             raise ValueError(f"MedusaConfig.num_layers must be an integer >= 0, got {self.num_layers!r}")
         draft = self.draft_vocab_size
@@ -204,9 +212,9 @@ class DraftLMHead(nn.Module):
 class MedusaHeads(
     nn.Module,
     PyTorchModelHubMixin,
-    library_name="medusa-lite",
-    tags=["medusa-lite", "speculative-decoding", "medusa"],
-    repo_url="https://github.com/medusa-lite/medusa-lite",
+    library_name=LIBRARY_NAME,
+    tags=list(TAGS),
+    repo_url=PROJECT_URL,
 ):
     """K independent heads (each its own module: no weight sharing between heads).
 
@@ -283,12 +291,8 @@ class MedusaHeads(
             for head in self.heads:
                 head.lm_head.weight.copy_(base_lm_head.weight)
 
-    def generate_model_card(self, *args, **kwargs):
+    def generate_model_card(self, *args, **kwargs) -> ModelCard:
         """The README written by ``save_pretrained``/``push_to_hub``: our card, from the config."""
-        from huggingface_hub import ModelCard
-
-        from medusa_lite.hub import model_card
-
         return ModelCard(model_card(self.config))
 
     # -- loading -------------------------------------------------------------------------------
@@ -304,24 +308,29 @@ class MedusaHeads(
         map_location: str | torch.device = "cpu",
         **unused,
     ) -> "MedusaHeads":
-        """Load heads from a local folder or a Hub repo, strictly, with errors that name the file."""
+        """Load heads from a local folder or a Hub repo, strictly, with errors that name the file.
+
+        A path that does not exist, or a repo that cannot be had, raises
+        :class:`~medusa_lite.errors.ArtifactNotFoundError` saying which (:mod:`medusa_lite.resolve`).
+        """
         if unused:
             raise TypeError(f"MedusaHeads.from_pretrained got unexpected arguments {sorted(unused)}")
-        source = str(pretrained_model_name_or_path)
+        source = resolve_source(
+            pretrained_model_name_or_path,
+            HEADS_WHAT,
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=local_files_only,
+        )
+        return cls.from_source(source, map_location=map_location)
 
-        def fetch(filename: str) -> Path:
-            if os.path.isdir(source):
-                path = Path(source) / filename
-                if not path.is_file():
-                    raise HeadsFileError(f"{path} is missing: a Medusa heads folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
-                return path
-            if os.path.exists(source):
-                raise HeadsFileError(f"{source} is a file; pass the heads folder (holding {CONFIG_NAME} and {WEIGHTS_NAME})")
-            return Path(hf_hub_download(source, filename, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only))
-
-        config = read_config(fetch(CONFIG_NAME))
+    @classmethod
+    def from_source(cls, source: ArtifactSource, *, map_location: str | torch.device = "cpu") -> "MedusaHeads":
+        """Load heads from a resolved :class:`~medusa_lite.resolve.ArtifactSource` (strictly)."""
+        config = read_config(heads_file(source, CONFIG_NAME))
         heads = cls(config)
-        heads.load_state_dict(read_weights(fetch(WEIGHTS_NAME), map_location), strict=True)
+        heads.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
         return heads
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
@@ -334,6 +343,14 @@ class MedusaHeads(
             if problem is not None:
                 raise HeadsFileError(f"Medusa heads weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for another vocabulary")
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def heads_file(source: ArtifactSource, file_name: str) -> Path:
+    """One of the heads' two files; a local folder lacking it is a broken heads folder."""
+    path = source.file(file_name, required=not source.is_local)
+    if path is None:
+        raise HeadsFileError(f"{source.folder / file_name} is missing: a Medusa heads folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
+    return path
 
 
 def read_config(path: Path) -> MedusaConfig:

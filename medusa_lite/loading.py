@@ -18,6 +18,11 @@ use and cached (:mod:`medusa_lite.costs`); a :class:`DynamicTree` given as an ob
 
 The datastore (``model.datastore``, :mod:`medusa_lite.datastore`): ``datastore.safetensors``
 next to the heads when there is one, unless ``datastore=`` names another file or is False.
+
+The heads, ``tree.json``, the datastore and a Medusa-2 adapter are one artifact (layout in
+:mod:`medusa_lite.artifact`), read from one local folder or Hub repo (:mod:`medusa_lite.resolve`,
+with the same revision, token and cache). When the artifact has an adapter, the returned model is
+the adapted one.
 """
 
 from __future__ import annotations
@@ -28,23 +33,22 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import torch
-from huggingface_hub import hf_hub_download
-from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from medusa_lite.artifact import TREE_FILE_NAME, adapt_target
 from medusa_lite.attention import TREE_SDPA
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.costs import step_costs
 from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
-from medusa_lite.heads import MedusaHeads
+from medusa_lite.heads import HEADS_WHAT, MedusaHeads
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, check_prepack_supported, prepack_backend, prepack_linears, prepack_supported
+from medusa_lite.resolve import ArtifactSource, resolve_source
 from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, tree_for_heads
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
-TREE_FILE_NAME = "tree.json"
 TREE_FILE_FORMAT = "medusa-lite-tree/1"
 # SDPA that keeps grouped-query keys/values unexpanded under the tree mask on CPU (medusa_lite.attention).
 ATTN_IMPLEMENTATION = TREE_SDPA
@@ -113,36 +117,29 @@ def write_tree_file(path: str | os.PathLike, tree: Tree, notes: dict, dynamic: D
     return path
 
 
-def find_beside_heads(heads_source: str | os.PathLike, file_name: str) -> Path | None:
-    """``file_name`` beside the heads (a local folder or a Hub repo), or None when there is none."""
-    source = str(heads_source)
-    if os.path.isdir(source):
-        path = Path(source) / file_name
-        return path if path.is_file() else None
-    try:
-        return Path(hf_hub_download(source, file_name))
-    except (EntryNotFoundError, LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError):
-        return None
+def heads_artifact(heads_source: str | os.PathLike | ArtifactSource) -> ArtifactSource:
+    """The heads' folder or Hub repo, resolved (a missing folder or repo is a clear error)."""
+    return heads_source if isinstance(heads_source, ArtifactSource) else resolve_source(heads_source, HEADS_WHAT)
 
 
-def find_tree_file(heads_source: str | os.PathLike) -> Path | None:
+def find_tree_file(heads_source: str | os.PathLike | ArtifactSource) -> Path | None:
     """``tree.json`` beside the heads, or None when there is none."""
-    return find_beside_heads(heads_source, TREE_FILE_NAME)
+    return heads_artifact(heads_source).file(TREE_FILE_NAME)
 
 
-def resolve_datastore(datastore: DatastoreSpec, heads_source: str | os.PathLike | None, vocab_size: int) -> Datastore | None:
+def resolve_datastore(datastore: DatastoreSpec, heads_source: ArtifactSource | None, vocab_size: int) -> Datastore | None:
     """A :class:`Datastore` as given, read from a path, found beside the heads (``True``), or none (``False``/``None``)."""
     if datastore is None or datastore is False:
         return None
     if isinstance(datastore, Datastore):
         return datastore
     if datastore is True:
-        path = find_beside_heads(heads_source, DATASTORE_FILE_NAME) if heads_source is not None else None
+        path = heads_source.file(DATASTORE_FILE_NAME) if heads_source is not None else None
         return Datastore.load(path, vocab_size) if path is not None else None
     return Datastore.load(datastore, vocab_size)
 
 
-def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: str | os.PathLike | None) -> Tree | DynamicTree:
+def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: ArtifactSource | None) -> Tree | DynamicTree:
     """Apply the precedence documented at the top of this module."""
     if isinstance(tree, (Tree, DynamicTree)):
         resolved = tree
@@ -177,6 +174,8 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
 def load_target(model: str | os.PathLike | None, dtype: torch.dtype | None, device: str | torch.device):
     """(causal LM, tokenizer): the default model when ``model`` is None, else any HF model."""
     dtype = dtype or default_dtype(device)
+    if model is not None:
+        resolve_source(model, "target model")  # a path that does not exist: a clear error, not a Hub lookup
     if model is None:
         from medusa_lite.default_model import load_base_model  # lazy: converts a GGUF file on first use
 
@@ -229,6 +228,9 @@ def load(
     tree: TreeSpec = None,
     datastore: DatastoreSpec = True,
     prepack: bool | None = None,
+    heads_revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
 ) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
     """``(MedusaModel, tokenizer)`` ready for :func:`medusa_lite.generate`; ``model.tree`` is its tree.
 
@@ -238,7 +240,12 @@ def load(
     ``heads``: a heads folder, Hub repo or :class:`MedusaHeads` (None: the heads shipped for the
     default model). ``tree``: see the module docstring. ``datastore``: True = ``datastore.safetensors``
     beside the heads when there is one (:mod:`medusa_lite.datastore`), a path or
-    :class:`Datastore`, or False for none.
+    :class:`Datastore`, or False for none. ``heads_revision``, ``token``, ``cache_dir``: how to
+    download the heads' artifact from the Hub (every file from the same revision).
+
+    An artifact with a Medusa-2 adapter (``adapter/``, :mod:`medusa_lite.artifact`) is merged into
+    the target, so the model returned is the adapted one; an adapter that does not fit the target
+    raises :class:`~medusa_lite.errors.AdapterError`.
 
     ``prepack``: pack the target's linear weights for few-row products, up to the tree + the
     default lookup chain (:mod:`medusa_lite.prepack`: the row_gemm kernel, else MKL; measured over
@@ -248,9 +255,11 @@ def load(
     if isinstance(heads, MedusaHeads):
         heads_module, source = heads, None
     else:
-        source = heads_source_for(model, heads)
-        heads_module = MedusaHeads.from_pretrained(source)
+        where = heads_source_for(model, heads)
+        source = resolve_source(where, HEADS_WHAT, revision=heads_revision, token=token, cache_dir=cache_dir)
+        heads_module = MedusaHeads.from_source(source)
     base, tokenizer = load_target(model, dtype, device)
+    base = adapt_target(base, source, heads_module.config)
     store = resolve_datastore(datastore, source, heads_module.config.vocab_size)
     medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store).eval()
     prepack_for_tree(medusa.base_model, medusa.tree, prepack)

@@ -10,6 +10,10 @@ It speaks just what ``huggingface_hub`` (2.x) sends for ``create_repo``, ``creat
   the commit), so no LFS / Xet transfer is ever negotiated
 - ``POST /api/models/{repo}/commit/{revision}``     -> NDJSON header + ``file`` ops, stored in memory
 
+and what ``hf_hub_download`` asks for to read a file back:
+
+- ``HEAD|GET /{repo}/resolve/{revision}/{path}``      -> the file's bytes, with the commit and ETag headers
+
 Anything else is recorded in ``server.unexpected`` and answered 501 with a message naming it,
 so a test can assert that the client asked for nothing this server does not understand.
 
@@ -41,6 +45,14 @@ class Commit:
     summary: str
     description: str
     paths: list[str]
+
+
+@dataclass
+class FileResponse:
+    """A file's bytes and the headers ``hf_hub_download`` reads (commit id, ETag)."""
+
+    data: bytes
+    headers: dict[str, str]
 
 
 @dataclass
@@ -82,7 +94,7 @@ class HubServer:
         self._thread.join(timeout=5)
 
     # -- API ---------------------------------------------------------------------------------
-    def handle(self, method: str, path: str, headers, body: bytes) -> tuple[int, dict]:
+    def handle(self, method: str, path: str, headers, body: bytes) -> tuple[int, dict | FileResponse]:
         with self._lock:
             self.requests.append((method, path))
             if "authorization" in headers:
@@ -92,6 +104,8 @@ class HubServer:
                 return self._create_repo(json.loads(body))
             if method == "POST" and parts == ["api", "validate-yaml"]:
                 return self._validate_yaml(json.loads(body))
+            if method in ("GET", "HEAD") and len(parts) >= 5 and parts[2] == "resolve":
+                return self._resolve(f"{parts[0]}/{parts[1]}", parts[3], "/".join(parts[4:]))
             if method == "POST" and len(parts) == 6 and parts[:2] == ["api", "models"]:
                 repo_id, action, revision = f"{parts[2]}/{parts[3]}", parts[4], parts[5]
                 if repo_id not in self.repos:
@@ -107,6 +121,18 @@ class HubServer:
             message = f"hub_server does not implement {method} {path}"
             self.unexpected.append(message)
             return 501, {"error": message}
+
+    def _resolve(self, repo_id: str, revision: str, file_path: str) -> tuple[int, dict | FileResponse]:
+        if repo_id not in self.repos:
+            return 404, {"error": f"Repository {repo_id} not found"}
+        repo = self.repos[repo_id]
+        if revision not in repo.branches:
+            return 404, {"error": f"Invalid rev id: {revision}"}
+        if file_path not in repo.branches[revision]:
+            return 404, {"error": f"Entry not found: {file_path}"}
+        data = repo.branches[revision][file_path]
+        head = next((c.oid for c in reversed(repo.commits) if c.revision == revision), "0" * 40)
+        return 200, FileResponse(data, {"X-Repo-Commit": head, "ETag": f'"{hashlib.sha256(data).hexdigest()}"'})
 
     def _create_repo(self, payload: dict) -> tuple[int, dict]:
         if payload.get("type", "model") != "model":
@@ -161,6 +187,13 @@ class HubServer:
         return 200, {"commitUrl": f"{self.url}/{repo_id}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None}
 
 
+def _error_code(message: str) -> str:
+    """The ``X-Error-Code`` the Hub sends with a 404, which huggingface_hub turns into its exception types."""
+    if message.startswith("Repository"):
+        return "RepoNotFound"
+    return "EntryNotFound" if message.startswith("Entry") else "RevisionNotFound"
+
+
 def _make_handler(server: HubServer):
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -169,12 +202,16 @@ def _make_handler(server: HubServer):
             body = self._read_body()
             headers = {k.lower(): v for k, v in self.headers.items()}
             status, payload = server.handle(self.command, urlsplit(self.path).path, headers, body)
-            data = json.dumps(payload).encode()
+            if isinstance(payload, FileResponse):
+                data, extra = payload.data, {"Content-Type": "application/octet-stream", **payload.headers}
+            else:
+                data, extra = json.dumps(payload).encode(), {"Content-Type": "application/json"}
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            for name, value in extra.items():
+                self.send_header(name, value)
             self.send_header("Content-Length", str(len(data)))
             if status == 404:
-                self.send_header("X-Error-Code", "RepoNotFound" if "Repository" in payload.get("error", "") else "RevisionNotFound")
+                self.send_header("X-Error-Code", _error_code(payload.get("error", "")))
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(data)

@@ -22,10 +22,17 @@ import pytest
 import torch
 import yaml
 
-from medusa_lite import Datastore, DatastoreError, HeadsFileError, MedusaConfig, MedusaHeads
-from medusa_lite.datastore import DATASTORE_FILE_NAME
-from medusa_lite.hub import model_card, push_heads_to_hub
+from artifact_fixtures import adapted_reference, plain_target, save_medusa2_artifact
 from hub_server import DEFAULT_USER, HubServer
+
+from medusa_lite import Datastore, DatastoreError, HeadsFileError, MedusaConfig, MedusaHeads
+from medusa_lite.artifact import ADAPTER_FILES
+from medusa_lite.card import model_card
+from medusa_lite.datastore import DATASTORE_FILE_NAME
+from medusa_lite.errors import AdapterError
+from medusa_lite.hub import push_heads_to_hub
+from medusa_lite.loading import write_tree_file
+from medusa_lite.tree import Tree
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_loopback_test_token"
@@ -37,8 +44,8 @@ SUMMARY = {
     "mean_accepted_tokens": 1.84375,
 }
 
-# Runs in a fresh interpreter whose environment points huggingface_hub at the loopback server.
-PUSH_SCRIPT = r"""
+# Refuses, in a subprocess, every socket connection to anything but loopback.
+NETWORK_GUARD = r"""
 import json, socket, sys
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -50,7 +57,14 @@ def guard(connect):
     return guarded
 socket.socket.connect = guard(socket.socket.connect)
 socket.socket.connect_ex = guard(socket.socket.connect_ex)
+"""
 
+TREE = [[0], [1], [0, 0], [0, 0, 0]]
+ROUND_TRIP_PROMPT = [5, 17, 40, 9, 33, 12]
+ROUND_TRIP_TOKENS = 24
+
+# Runs in a fresh interpreter whose environment points huggingface_hub at the loopback server.
+PUSH_SCRIPT = NETWORK_GUARD + r"""
 from medusa_lite import MedusaHeads
 from medusa_lite.hub import push_heads_to_hub
 
@@ -128,7 +142,7 @@ def test_push_is_byte_identical_and_loads_back(saved_heads, tmp_path):
     assert SUMMARY["data"] in card and "120" in card and "1.844" in card
     for accuracy in ("0.438", "0.062", "0.031", "0.281", "0.047", "0.016", "0.531", "0.344"):
         assert accuracy in card
-    assert 'MedusaHeads.from_pretrained("alice/tiny-heads")' in card
+    assert 'load("HuggingFaceTB/SmolLM2-135M-Instruct", heads="alice/tiny-heads")' in card
 
     rebuilt = tmp_path / "rebuilt"
     rebuilt.mkdir()
@@ -206,3 +220,80 @@ def test_card_renders_only_what_was_recorded():
     top1_only = model_card(MedusaConfig(num_heads=2, hidden_size=8, vocab_size=16, training_summary={"top1_accuracy": [0.5, 0.25]}))
     assert "| head | guesses token | top-1 |" in top1_only and "0.500" in top1_only and "0.250" in top1_only
     assert "rank 1" not in top1_only and "Mean accepted" not in top1_only and "Steps" not in top1_only
+
+
+# -- a Medusa-2 artifact, pushed whole and loaded back from the Hub ------------------------------
+
+# Runs in a fresh interpreter pointed at the loopback server: push the artifact folder, load it
+# back by repo id (a fresh HF cache), decode; then the errors for a missing repo and revision.
+ROUND_TRIP_SCRIPT = NETWORK_GUARD + r"""
+import torch
+from medusa_lite import generate, load
+from medusa_lite.errors import ArtifactNotFoundError
+from medusa_lite.hub import push_heads_to_hub
+
+model_dir, heads_dir, out = sys.argv[1:4]
+prompt = torch.tensor([PROMPT])
+push_heads_to_hub(heads_dir, "alice/medusa2-heads")
+model, _ = load(model_dir, heads="alice/medusa2-heads", prepack=False)
+result = {
+    "sequences": generate(model, prompt, NEW_TOKENS, lookup_tokens=0).sequences,
+    "logits": model.target_forward(prompt).logits,
+    "tree": [list(p) for p in model.tree.paths],
+    "datastore_tokens": model.datastore.num_tokens,
+}
+errors = {}
+for name, kwargs in {"repo": dict(heads="alice/no-such-heads"), "revision": dict(heads="alice/medusa2-heads", heads_revision="v9")}.items():
+    try:
+        load(model_dir, **kwargs)
+    except ArtifactNotFoundError as error:
+        errors[name] = str(error)
+result["errors"] = errors
+torch.save(result, out)
+"""
+
+
+@pytest.mark.slow
+def test_medusa2_artifact_round_trip_gives_the_adapted_models_outputs(tmp_path):
+    model_dir, heads_dir = save_medusa2_artifact(tmp_path)
+    write_tree_file(heads_dir / "tree.json", Tree.from_paths(TREE), {"note": "test"})
+    Datastore.from_documents([torch.tensor([1, 2, 3, 4])], plain_target(model_dir).config.vocab_size).save(heads_dir / DATASTORE_FILE_NAME)
+    script = ROUND_TRIP_SCRIPT.replace("PROMPT", repr(ROUND_TRIP_PROMPT)).replace("NEW_TOKENS", str(ROUND_TRIP_TOKENS))
+    with HubServer() as hub:
+        result = subprocess.run(
+            [sys.executable, "-c", script, str(model_dir), str(heads_dir), str(tmp_path / "out.pt")],
+            cwd=ROOT, env=loopback_env(hub, tmp_path / "hf-home"), capture_output=True, text=True, timeout=300,
+        )
+        assert result.returncode == 0, result.stderr
+        assert hub.unexpected == []
+        downloaded = {path.split("/resolve/main/", 1)[1] for method, path in hub.requests if method == "GET" and "/resolve/main/" in path}
+        files = hub.files("alice/medusa2-heads")
+    expected_files = ["config.json", "model.safetensors", "tree.json", DATASTORE_FILE_NAME, *ADAPTER_FILES]
+    assert sorted(files) == sorted([*expected_files, "README.md"])
+    for name in expected_files:
+        assert files[name] == (heads_dir / name).read_bytes(), f"{name} changed on the way to the Hub"
+    assert downloaded == set(expected_files), "load() read every file of the artifact from the Hub"
+    card = files["README.md"].decode()
+    assert "## Base-model adapter" in card and "rank 4" in card and "## Candidate tree" in card and "## Datastore" in card
+
+    loaded = torch.load(tmp_path / "out.pt")
+    prompt = torch.tensor([ROUND_TRIP_PROMPT])
+    adapted, plain = adapted_reference(model_dir, heads_dir), plain_target(model_dir)
+    expected = adapted.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=ROUND_TRIP_TOKENS, do_sample=False)
+    unadapted = plain.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=ROUND_TRIP_TOKENS, do_sample=False)
+    assert not torch.equal(expected, unadapted), "precondition: the adapter changes the greedy output"
+    assert torch.equal(loaded["sequences"], expected)
+    torch.testing.assert_close(loaded["logits"], adapted(prompt).logits, atol=1e-4, rtol=1e-4)
+    assert (loaded["logits"] - plain(prompt).logits).abs().max() > 0.1
+    assert loaded["tree"] == TREE and loaded["datastore_tokens"] == 4
+    assert "no Hub repo 'alice/no-such-heads'" in loaded["errors"]["repo"] and "private or gated" in loaded["errors"]["repo"]
+    assert "revision 'v9'" in loaded["errors"]["revision"] and "no such revision" in loaded["errors"]["revision"]
+
+
+def test_push_refuses_heads_that_need_an_adapter_they_lack(tmp_path):
+    _, heads_dir = save_medusa2_artifact(tmp_path)
+    (heads_dir / "adapter").rename(tmp_path / "adapter")
+    with pytest.raises(AdapterError, match=r"trained with a LoRA adapter.*has no adapter/adapter_config.json"):
+        push_heads_to_hub(heads_dir, "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN)
+    with pytest.raises(AdapterError, match="a heads module does not carry|has no adapter"):
+        push_heads_to_hub(MedusaHeads.from_pretrained(heads_dir), "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN)

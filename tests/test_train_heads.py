@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import medusa_lite.hub
-from medusa_lite import MedusaHeads, MedusaModel
+from medusa_lite import MedusaHeads, MedusaModel, load
 from medusa_lite.training import load_trained
 from tiny_tokenizer import TINY_VOCAB_SIZE
 import training_fixtures
@@ -93,7 +93,8 @@ def test_messages_records_train_like_sharegpt(tiny_target, tmp_path):
 def test_medusa2_trains_a_lora_adapter_with_the_heads_and_loads_back(tiny_target, pattern_data, tmp_path):
     lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "distill_weight": 1.0}
     result = train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "out", max_steps=4, log_every=2, lora=lora, learning_rate=0.05))
-    assert result.adapter_dir is not None and (result.adapter_dir / "adapter_config.json").is_file()
+    assert result.adapter_dir == result.heads_dir / "adapter" and (result.adapter_dir / "adapter_config.json").is_file()
+    assert MedusaHeads.from_pretrained(result.heads_dir).config.backbone_adapter
     assert result.summary["medusa2_lora"]["r"] == 4
     assert all("train/base_kl" in e for e in result.history if "train/loss" in e)
     base = AutoModelForCausalLM.from_pretrained(tiny_target)
@@ -103,6 +104,8 @@ def test_medusa2_trains_a_lora_adapter_with_the_heads_and_loads_back(tiny_target
     adapted_logits = model.target_forward(ids).logits
     assert not torch.allclose(adapted_logits, reference(ids).logits), "the merged adapter should change the target"
     assert model.head_logits(model.target_forward(ids).hidden).shape == (1, 12, 3, TINY_VOCAB_SIZE)
+    loaded, _ = load(tiny_target, heads=result.heads_dir, prepack=False)  # the artifact alone gives the adapted target
+    torch.testing.assert_close(loaded.target_forward(ids).logits, adapted_logits)
 
 
 def test_wandb_offline_logs_without_key_or_network(tiny_target, pattern_data, tmp_path, monkeypatch):

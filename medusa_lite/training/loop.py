@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from medusa_lite.artifact import ADAPTER_DIR
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaConfig, MedusaHeads
@@ -33,7 +34,6 @@ from medusa_lite.training.losses import IGNORE, HeadStats, gather_rows, head_tar
 from medusa_lite.training.objective import last_hidden
 from medusa_lite.training.setup import build_objective, check_draft_vocab_fits, fill_deepspeed_config, fresh_heads, is_zero3, load_target, make_accelerator
 
-ADAPTER_DIR = "adapter"
 METRICS_NAME = "metrics.jsonl"
 TRAIN_TOPK = 1  # training batches report top-1 only (top-k over the vocabulary costs time); eval reports top-k
 GIGABYTE = 1e9
@@ -260,14 +260,20 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
 # -- saving -------------------------------------------------------------------------------------
 
 
-def write_heads(heads_config: MedusaConfig | DrafterConfig, state: dict, heads_dir: Path) -> None:
-    """Save heads (or a drafter) atomically (temp folder, then rename) and check they load strictly."""
+def write_heads(heads_config: MedusaConfig | DrafterConfig, state: dict, heads_dir: Path, adapter_model=None) -> None:
+    """Save heads (or a drafter) atomically (temp folder, then rename) and check they load strictly.
+
+    ``adapter_model`` (Medusa-2: the peft model whose adapter was trained) saves its adapter into
+    the heads folder's ``adapter/`` (the layout of :mod:`medusa_lite.artifact`).
+    """
     module_class = SequentialDrafter if isinstance(heads_config, DrafterConfig) else MedusaHeads
     heads = module_class(heads_config)
     heads.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})  # draft ids stay integers
     temp = heads_dir.with_name(f".tmp-{heads_dir.name}")
     shutil.rmtree(temp, ignore_errors=True)
     heads.save_pretrained(temp)
+    if adapter_model is not None:
+        adapter_model.save_pretrained(str(temp / ADAPTER_DIR))
     ckpt.fsync_tree(temp)
     previous = heads_dir.with_name(f".old-{heads_dir.name}")
     if heads_dir.exists():  # a previous run's heads stay in place until the new ones are complete
@@ -501,7 +507,7 @@ def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: f
 
 
 def save_results(run: Run, summary: dict, output_dir: Path) -> tuple[Path, Path | None]:
-    """Final heads (and adapter); checks on the way that all ranks hold the same weights."""
+    """Final heads (and adapter, in the heads folder); checks on the way that all ranks hold the same weights."""
     accelerator, log = run.accelerator, run.log
     heads_dir, adapter_dir = output_dir / HEADS_DIR, None
     full_state = accelerator.get_state_dict(run.objective)  # collective under ZeRO-3
@@ -511,13 +517,13 @@ def save_results(run: Run, summary: dict, output_dir: Path) -> tuple[Path, Path 
         summary["ranks_in_sync"] = len(set(digests)) == 1
         log.say(f"trainable weights sha256 per rank: {digests} ({'in sync' if summary['ranks_in_sync'] else 'NOT IN SYNC'})")
     if accelerator.is_main_process:
-        heads_config = dataclasses.replace(run.heads.config, training_summary=summary)
-        write_heads(heads_config, heads_state(full_state), heads_dir)
+        adapter = {"backbone_adapter": True} if run.medusa2 else {}  # Medusa-2 trains Medusa heads only
+        heads_config = dataclasses.replace(run.heads.config, training_summary=summary, **adapter)
+        write_heads(heads_config, heads_state(full_state), heads_dir, unwrapped.model if run.medusa2 else None)
         log.say(f"saved heads to {heads_dir}")
         if run.medusa2:
-            adapter_dir = output_dir / ADAPTER_DIR
-            unwrapped.model.save_pretrained(str(adapter_dir))
-            log.say(f"saved the LoRA adapter to {adapter_dir} (load both with medusa_lite.training.load_trained)")
+            adapter_dir = heads_dir / ADAPTER_DIR
+            log.say(f"saved the LoRA adapter to {adapter_dir} (medusa_lite.load(model, heads={str(heads_dir)!r}) applies it)")
     accelerator.wait_for_everyone()
     return heads_dir, adapter_dir
 
