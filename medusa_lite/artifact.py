@@ -61,7 +61,8 @@ def find_adapter(source: ArtifactSource, config: MedusaConfig) -> Path | None:
     weights_path = source.file(ADAPTER_FILES[1], required=not source.is_local)
     if weights_path is None or weights_path.parent != config_path.parent:
         raise AdapterError(
-            f"{config_path.parent} has {ADAPTER_CONFIG_NAME} but no {ADAPTER_WEIGHTS_NAME}: the adapter is incomplete; "
+            f"{config_path.parent} has {ADAPTER_CONFIG_NAME} but no {ADAPTER_WEIGHTS_NAME}: the adapter is "
+            "incomplete; "
             "copy the whole adapter/ folder the training run wrote"
         )
     return config_path.parent
@@ -79,8 +80,9 @@ def check_no_adapter_expected(source: ArtifactSource, config: MedusaConfig) -> N
     sibling = source.folder.parent / ADAPTER_DIR if source.is_local else None
     if sibling is not None and (sibling / ADAPTER_CONFIG_NAME).is_file():
         raise AdapterError(
-            f"{sibling} is a Medusa-2 adapter beside the heads folder {source.folder}, which has none: the heads would "
-            f"decode with the unadapted model. Move it into the heads folder: mv {sibling} {source.folder / ADAPTER_DIR}"
+            f"{sibling} is a Medusa-2 adapter beside the heads folder {source.folder}, which has none: the heads "
+            "would decode with the unadapted model. Move it into the heads folder: "
+            f"mv {sibling} {source.folder / ADAPTER_DIR}"
         )
 
 
@@ -102,13 +104,20 @@ def apply_adapter(base_model: nn.Module, adapter_dir: str | os.PathLike) -> nn.M
         detail = " ".join(line.strip() for line in str(error).splitlines()[:MESSAGE_LINES])
         raise AdapterError(f"the adapter in {adapter_dir} does not fit the model {name}: {detail}") from error
     if result.missing_keys or result.unexpected_keys:
-        problems = [f"{label} {keys[:4]}{'...' if len(keys) > 4 else ''}" for label, keys in
-                    (("missing tensors", result.missing_keys), ("unexpected tensors", result.unexpected_keys)) if keys]
+        problems = [
+            f"{label} {keys[:4]}{'...' if len(keys) > 4 else ''}"
+            for label, keys in (
+                ("missing tensors", result.missing_keys),
+                ("unexpected tensors", result.unexpected_keys),
+            )
+            if keys
+        ]
         raise AdapterError(f"the adapter in {adapter_dir} does not fit the model {name}: " + "; ".join(problems))
     if not hasattr(adapted, "merge_and_unload"):
-        raise AdapterError(f"the adapter in {adapter_dir} ({config.peft_type}) cannot be merged into the model's weights")
+        raise AdapterError(
+            f"the adapter in {adapter_dir} ({config.peft_type}) cannot be merged into the model's weights"
+        )
     return adapted.merge_and_unload()
-
 
 
 def adapt_target(base_model: nn.Module, source: ArtifactSource | None, config: MedusaConfig) -> nn.Module:
@@ -119,7 +128,8 @@ def adapt_target(base_model: nn.Module, source: ArtifactSource | None, config: M
     if source is None:
         if config.backbone_adapter:
             raise AdapterError(
-                "these Medusa heads were trained with a LoRA adapter on the base model (config backbone_adapter=true), "
+                "these Medusa heads were trained with a LoRA adapter on the base model "
+                "(config backbone_adapter=true), "
                 "which a heads module does not carry: pass the artifact's folder or Hub repo as heads= so that its "
                 f"{ADAPTER_DIR}/ is applied"
             )

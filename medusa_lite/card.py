@@ -95,7 +95,9 @@ def _overview(config: MedusaConfig, adapter: dict | None) -> str:
             "| next-token input | the heads also read token t+1 (its input embedding, fused with the hidden state by "
             f"one shared {2 * config.hidden_size} x {config.hidden_size} layer) |"
         ]
-    adapter_line = ["| base-model adapter | LoRA in `adapter/`, trained with the heads (Medusa-2) |"] if adapter else []
+    adapter_line = (
+        ["| base-model adapter | LoRA in `adapter/`, trained with the heads (Medusa-2) |"] if adapter else []
+    )
     total_params = head_params * config.num_heads + fuse_params
     shared = f", {fuse_params:,} shared" if fuse_params else ""
     contents = (
@@ -109,7 +111,8 @@ def _overview(config: MedusaConfig, adapter: dict | None) -> str:
         [
             title,
             "",
-            f"{config.num_heads} [Medusa](https://arxiv.org/abs/2401.10774) heads for speculative decoding of {base_text} "
+            f"{config.num_heads} [Medusa](https://arxiv.org/abs/2401.10774) heads for speculative decoding of "
+            f"{base_text} "
             f"with [medusa-lite]({PROJECT_URL}). Each head reads the base model's last hidden state and guesses a "
             "token further ahead (where the base model predicts token t+1, head k guesses token t+1+k); "
             "the base model then verifies a tree of guesses in one forward pass. The acceptance rule is exact: greedy "
@@ -169,7 +172,9 @@ def _adapter(adapter: dict | None) -> str:
         facts.append(f"alpha {_text(adapter['lora_alpha'])}")
     targets = adapter.get("target_modules")
     if targets:
-        facts.append("on " + ", ".join(f"`{t}`" for t in sorted(targets)) if isinstance(targets, list) else f"on `{targets}`")
+        facts.append(
+            "on " + ", ".join(f"`{t}`" for t in sorted(targets)) if isinstance(targets, list) else f"on `{targets}`"
+        )
     kind = adapter.get("peft_type", "LoRA")
     return (
         "## Base-model adapter\n\n"
@@ -262,7 +267,9 @@ def _accuracy_table(top1, topk) -> str:
             "Rank r: how often the head's r-th most likely token was the right one "
             "(ranks are disjoint, so they sum to top-k accuracy).",
         ]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(r) + " |" for r in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + [
+        "| " + " | ".join(r) + " |" for r in rows
+    ]
     return "\n".join(lines + note)
 
 

@@ -38,7 +38,7 @@ def push_heads_to_hub(
     revision: str | None = None,
     endpoint: str | None = None,
 ) -> str:
-    """Upload a Medusa artifact (a :class:`MedusaHeads`, or a folder as training writes it) with a model card, in one commit.
+    """Upload a Medusa artifact (:class:`MedusaHeads`, or a folder as training writes it) and a card, in one commit.
 
     Creates the repo if needed (``exist_ok``) and the branch ``revision`` if given. A folder must
     hold ``config.json`` and ``model.safetensors`` that load strictly; its ``tree.json``,
@@ -57,7 +57,9 @@ def push_heads_to_hub(
             folder = Path(heads_or_dir)
             config = _check_heads_folder(folder)
         else:
-            raise TypeError(f"push_heads_to_hub expects MedusaHeads or a heads folder path, got {type(heads_or_dir).__name__}")
+            raise TypeError(
+                f"push_heads_to_hub expects MedusaHeads or a heads folder path, got {type(heads_or_dir).__name__}"
+            )
         names = [name for name in artifact_files(folder) if name != CARD_NAME]
         described = _checked_contents(folder, names, config)  # refuses a bad file before anything is uploaded
 
@@ -74,12 +76,16 @@ def push_heads_to_hub(
 def _checked_contents(folder: Path, names: list[str], config: MedusaConfig) -> dict:
     """Check that the artifact's optional files load; their contents as :func:`model_card` describes them."""
     find_adapter(resolve_source(folder, HEADS_WHAT), config)  # refuses an adapter that is needed, incomplete or beside
-    datastore = Datastore.load(folder / DATASTORE_FILE_NAME, config.vocab_size) if DATASTORE_FILE_NAME in names else None
+    datastore = (
+        Datastore.load(folder / DATASTORE_FILE_NAME, config.vocab_size) if DATASTORE_FILE_NAME in names else None
+    )
     tree = None
     if TREE_FILE_NAME in names:
         read_tree_file(folder / TREE_FILE_NAME).check_fits(config.num_heads)
         tree = json.loads((folder / TREE_FILE_NAME).read_text(encoding="utf-8"))
-    adapter = json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8")) if ADAPTER_FILES[0] in names else None
+    adapter = (
+        json.loads((folder / ADAPTER_FILES[0]).read_text(encoding="utf-8")) if ADAPTER_FILES[0] in names else None
+    )
     return {"datastore": datastore, "adapter": adapter, "tree": tree}
 
 
@@ -89,9 +95,14 @@ def _checked_contents(folder: Path, names: list[str], config: MedusaConfig) -> d
 def _check_heads_folder(folder: Path) -> MedusaConfig:
     """Refuse to push a folder that ``MedusaHeads.from_pretrained`` could not load."""
     if not folder.exists():
-        raise HeadsFileError(f"cannot push {folder}: no such folder (expected a Medusa heads folder holding {CONFIG_NAME} and {WEIGHTS_NAME})")
+        raise HeadsFileError(
+            f"cannot push {folder}: no such folder (expected a Medusa heads folder holding {CONFIG_NAME} and "
+            f"{WEIGHTS_NAME})"
+        )
     if not folder.is_dir():
-        raise HeadsFileError(f"cannot push {folder}: it is a file; pass the heads folder holding {CONFIG_NAME} and {WEIGHTS_NAME}")
+        raise HeadsFileError(
+            f"cannot push {folder}: it is a file; pass the heads folder holding {CONFIG_NAME} and {WEIGHTS_NAME}"
+        )
     missing = [name for name in (CONFIG_NAME, WEIGHTS_NAME) if not (folder / name).is_file()]
     if missing:
         raise HeadsFileError(

@@ -26,8 +26,8 @@ from pathlib import Path
 import huggingface_hub.constants
 from huggingface_hub import hf_hub_download
 from huggingface_hub.errors import (
-    HFValidationError,
     HfHubHTTPError,
+    HFValidationError,
     LocalEntryNotFoundError,
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
@@ -97,20 +97,20 @@ class ArtifactSource:
                 switch = "HF_HUB_OFFLINE is set" if offline else "local_files_only=True"
                 cache = f" ({self.cache_dir})" if self.cache_dir else ""
                 return ArtifactNotFoundError(
-                    f"{self.what} {self.name!r}: not a local folder, and {file_name} of {repo} is not in the local Hub "
-                    f"cache{cache} while {switch}. Download it while online (`hf download {self.name}`), or pass the "
-                    f"path of a local folder{self.local_hint()}"
+                    f"{self.what} {self.name!r}: not a local folder, and {file_name} of {repo} is not in the local "
+                    f"Hub cache{cache} while {switch}. Download it while online (`hf download {self.name}`), or pass "
+                    f"the path of a local folder{self.local_hint()}"
                 )
             return ArtifactNotFoundError(
-                f"{self.what} {self.name!r}: could not reach the Hub for {file_name} of {repo}, and the local Hub cache "
-                f"does not hold it; check your connection{self.local_hint()}"
+                f"{self.what} {self.name!r}: could not reach the Hub for {file_name} of {repo}, and the local Hub "
+                f"cache does not hold it; check your connection{self.local_hint()}"
             )
         if isinstance(error, RevisionNotFoundError):
             return ArtifactNotFoundError(f"{self.what}: {repo} has no such revision (branch, tag or commit)")
         if isinstance(error, RepositoryNotFoundError):
             return ArtifactNotFoundError(
-                f"{self.what} {self.name!r}: not a local folder, and no {repo} can be read (it does not exist, or it is "
-                f"private or gated: log in with `hf auth login` or pass token=){self.local_hint()}"
+                f"{self.what} {self.name!r}: not a local folder, and no {repo} can be read (it does not exist, or it "
+                f"is private or gated: log in with `hf auth login` or pass token=){self.local_hint()}"
             )
         if isinstance(error, RemoteEntryNotFoundError):
             return ArtifactNotFoundError(f"{self.what}: {repo} has no file {file_name}")

@@ -27,7 +27,9 @@ LORA_B_SCALE = 0.5
 def save_medusa2_artifact(folder: Path, **base_overrides) -> tuple[Path, Path]:
     """(model folder, heads folder with ``adapter/``): a target, an adapter that changes it, heads."""
     tokenizer = make_tiny_tokenizer()
-    base = tiny_base_model(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, logit_scale=4.0, **base_overrides)
+    base = tiny_base_model(
+        vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, logit_scale=4.0, **base_overrides
+    )
     base.save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
     heads = random_heads(base, NUM_HEADS)

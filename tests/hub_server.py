@@ -84,7 +84,7 @@ class HubServer:
     def files(self, repo_id: str, revision: str = "main") -> dict[str, bytes]:
         return dict(self.repos[repo_id].branches[revision])
 
-    def __enter__(self) -> "HubServer":
+    def __enter__(self) -> HubServer:
         self._thread.start()
         return self
 
@@ -162,7 +162,9 @@ class HubServer:
         return 200, {"errors": [], "warnings": []}
 
     def _preupload(self, payload: dict) -> tuple[int, dict]:
-        files = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in payload["files"]]
+        files = [
+            {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in payload["files"]
+        ]
         return 200, {"files": files, "commitOid": "0" * 40}
 
     def _commit(self, repo_id: str, revision: str, body: bytes) -> tuple[int, dict]:
@@ -183,7 +185,9 @@ class HubServer:
         self.repos[repo_id].branches[revision] = staged
         oid = hashlib.sha1(body).hexdigest()
         paths = [line["value"]["path"] for line in lines[1:]]
-        self.repos[repo_id].commits.append(Commit(repo_id, revision, oid, header.get("summary", ""), header.get("description", ""), paths))
+        self.repos[repo_id].commits.append(
+            Commit(repo_id, revision, oid, header.get("summary", ""), header.get("description", ""), paths)
+        )
         return 200, {"commitUrl": f"{self.url}/{repo_id}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None}
 
 

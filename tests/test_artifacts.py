@@ -12,7 +12,16 @@ from artifact_fixtures import adapted_reference, plain_target, save_adapter, sav
 from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 from tiny_models import plain_greedy, random_heads, tiny_base_model
 
-from medusa_lite import HeadsFileError, IncompatibleHeadsError, MedusaConfig, MedusaError, MedusaHeads, MedusaModel, generate, load
+from medusa_lite import (
+    HeadsFileError,
+    IncompatibleHeadsError,
+    MedusaConfig,
+    MedusaError,
+    MedusaHeads,
+    MedusaModel,
+    generate,
+    load,
+)
 from medusa_lite.errors import AdapterError, ArtifactNotFoundError
 from medusa_lite.prepack import prepack_backend, prepack_supported
 from medusa_lite.training import load_trained
@@ -61,7 +70,9 @@ def test_own_lm_heads_start_from_the_base_lm_head(base):
 
 
 def test_hidden_size_mismatch_names_both_sizes(base):
-    heads = MedusaHeads(MedusaConfig(num_heads=2, hidden_size=48, vocab_size=64, base_model_name_or_path="other/model"))
+    heads = MedusaHeads(
+        MedusaConfig(num_heads=2, hidden_size=48, vocab_size=64, base_model_name_or_path="other/model")
+    )
     with pytest.raises(IncompatibleHeadsError, match=r"hidden size 48 but the model has hidden size 32.*other/model"):
         MedusaModel(base, heads)
 
@@ -147,8 +158,6 @@ def test_config_that_disagrees_with_itself_or_the_weights(saved, changes, messag
         MedusaHeads.from_pretrained(folder)
 
 
-
-
 # -- a missing folder is not a Hub lookup; a missing repo says why -----------------------------
 
 
@@ -171,7 +180,10 @@ def test_absolute_typo_names_the_missing_folder_and_its_closest_sibling(saved):
 
 def test_typo_in_a_parent_folder_names_the_deepest_existing_folder(tmp_path):
     missing = tmp_path / "run-typo" / "heads"
-    with pytest.raises(ArtifactNotFoundError, match=re.escape(f"nor does {missing.parent}; the deepest existing folder is {tmp_path})")):
+    with pytest.raises(
+        ArtifactNotFoundError,
+        match=re.escape(f"nor does {missing.parent}; the deepest existing folder is {tmp_path})"),
+    ):
         MedusaHeads.from_pretrained(str(missing))
 
 
@@ -198,7 +210,11 @@ def test_repo_missing_from_the_cache_offline_says_so(tmp_path, monkeypatch):
         MedusaHeads.from_pretrained("heads_typo", cache_dir=tmp_path / "empty-cache")
     message = str(error.value)
     assert isinstance(error.value, FileNotFoundError) and not isinstance(error.value, LocalEntryNotFoundError)
-    assert "not a local folder" in message and "not in the local Hub cache" in message and "HF_HUB_OFFLINE is set" in message
+    assert (
+        "not a local folder" in message
+        and "not in the local Hub cache" in message
+        and "HF_HUB_OFFLINE is set" in message
+    )
     assert "did you mean the local folder heads?" in message
     with pytest.raises(ArtifactNotFoundError, match=r"'org/medusa-heads'.*not in the local Hub cache.*HF_HUB_OFFLINE"):
         MedusaHeads.from_pretrained("org/medusa-heads", cache_dir=tmp_path / "empty-cache")
@@ -236,7 +252,10 @@ def test_load_applies_the_artifacts_adapter(medusa2):
     model_dir, heads_dir = medusa2
     model, _ = load(model_dir, heads=heads_dir, prepack=False)
     prompt = torch.tensor([[5, 17, 40, 9, 33, 12]])
-    plain_logits, adapted_logits = plain_target(model_dir)(prompt).logits, adapted_reference(model_dir, heads_dir)(prompt).logits
+    plain_logits, adapted_logits = (
+        plain_target(model_dir)(prompt).logits,
+        adapted_reference(model_dir, heads_dir)(prompt).logits,
+    )
     assert (plain_logits - adapted_logits).abs().max() > 0.1, "precondition: the adapter changes the target"
     logits = model.target_forward(prompt).logits
     torch.testing.assert_close(logits, adapted_logits, atol=1e-4, rtol=1e-4)
@@ -261,9 +280,13 @@ def test_the_packed_fast_path_applies_to_the_adapted_target(medusa2):
     model_dir, heads_dir = medusa2
     model, _ = load(model_dir, heads=heads_dir, prepack=True, datastore=False)
     assert prepack_backend(model.base_model) is not None
-    assert not any("lora" in name for name, _ in model.base_model.named_modules()), "the adapter is merged, not wrapped"
+    assert not any("lora" in name for name, _ in model.base_model.named_modules()), (
+        "the adapter is merged, not wrapped"
+    )
     prompt = torch.tensor([[5, 17, 40, 9, 33, 12]])
-    expected = adapted_reference(model_dir, heads_dir).generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False)
+    expected = adapted_reference(model_dir, heads_dir).generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=16, do_sample=False
+    )
     assert torch.equal(generate(model, prompt, 16).sequences, expected)
 
 
@@ -288,7 +311,11 @@ def test_an_adapter_beside_the_heads_folder_is_not_silently_ignored(medusa2):
     model_dir, heads_dir = medusa2
     edit_config(heads_dir, backbone_adapter=False)  # as a run saved before adapters moved into the heads folder
     (heads_dir / "adapter").rename(heads_dir.parent / "adapter")
-    with pytest.raises(AdapterError, match="would decode with the unadapted model.*" + re.escape(f"mv {heads_dir.parent / 'adapter'} {heads_dir / 'adapter'}")):
+    with pytest.raises(
+        AdapterError,
+        match="would decode with the unadapted model.*"
+        + re.escape(f"mv {heads_dir.parent / 'adapter'} {heads_dir / 'adapter'}"),
+    ):
         load(model_dir, heads=heads_dir)
 
 

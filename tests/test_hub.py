@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from artifact_fixtures import adapted_reference, plain_target, save_medusa2_artifact
 from hub_server import DEFAULT_USER, HubServer
 
@@ -64,7 +63,9 @@ ROUND_TRIP_PROMPT = [5, 17, 40, 9, 33, 12]
 ROUND_TRIP_TOKENS = 24
 
 # Runs in a fresh interpreter whose environment points huggingface_hub at the loopback server.
-PUSH_SCRIPT = NETWORK_GUARD + r"""
+PUSH_SCRIPT = (
+    NETWORK_GUARD
+    + r"""
 from medusa_lite import MedusaHeads
 from medusa_lite.hub import push_heads_to_hub
 
@@ -75,10 +76,19 @@ urls = [
 ]
 print(json.dumps(urls))
 """
+)
 
 
 def tiny_heads() -> MedusaHeads:
-    config = MedusaConfig(num_heads=2, hidden_size=8, vocab_size=16, num_layers=1, use_base_lm_head=False, base_model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct", training_summary=SUMMARY)
+    config = MedusaConfig(
+        num_heads=2,
+        hidden_size=8,
+        vocab_size=16,
+        num_layers=1,
+        use_base_lm_head=False,
+        base_model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct",
+        training_summary=SUMMARY,
+    )
     heads = MedusaHeads(config)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -96,12 +106,25 @@ def saved_heads(tmp_path) -> tuple[MedusaHeads, Path]:
 
 
 def loopback_env(hub: HubServer, home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_") and k not in ("TRANSFORMERS_OFFLINE",) and "proxy" not in k.lower()}
-    env.update(HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HOME=str(home), HF_HUB_DISABLE_TELEMETRY="1", NO_PROXY="127.0.0.1,localhost,::1", PYTHONPATH=str(ROOT))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("HF_") and k not in ("TRANSFORMERS_OFFLINE",) and "proxy" not in k.lower()
+    }
+    env.update(
+        HF_ENDPOINT=hub.url,
+        HF_TOKEN=TOKEN,
+        HF_HOME=str(home),
+        HF_HUB_DISABLE_TELEMETRY="1",
+        NO_PROXY="127.0.0.1,localhost,::1",
+        PYTHONPATH=str(ROOT),
+    )
     return env
 
 
-def assert_pushed(hub: HubServer, repo_id: str, folder: Path, revision: str = "main", extra: tuple[str, ...] = ()) -> dict[str, bytes]:
+def assert_pushed(
+    hub: HubServer, repo_id: str, folder: Path, revision: str = "main", extra: tuple[str, ...] = ()
+) -> dict[str, bytes]:
     files = hub.files(repo_id, revision)
     assert sorted(files) == sorted(["README.md", "config.json", "model.safetensors", *extra])
     for name in ("config.json", "model.safetensors", *extra):
@@ -115,7 +138,11 @@ def test_push_is_byte_identical_and_loads_back(saved_heads, tmp_path):
     with HubServer() as hub:
         result = subprocess.run(
             [sys.executable, "-c", PUSH_SCRIPT, str(folder)],
-            cwd=ROOT, env=loopback_env(hub, tmp_path / "hf-home"), capture_output=True, text=True, timeout=120,
+            cwd=ROOT,
+            env=loopback_env(hub, tmp_path / "hf-home"),
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert result.returncode == 0, result.stderr
         urls = json.loads(result.stdout.strip().splitlines()[-1])
@@ -134,7 +161,9 @@ def test_push_is_byte_identical_and_loads_back(saved_heads, tmp_path):
 
     card = files["README.md"].decode()
     assert card == model_card(heads.config, repo_id="alice/tiny-heads")
-    assert from_folder["README.md"].decode() == model_card(heads.config, repo_id=f"{DEFAULT_USER}/tiny-heads-from-folder")
+    assert from_folder["README.md"].decode() == model_card(
+        heads.config, repo_id=f"{DEFAULT_USER}/tiny-heads-from-folder"
+    )
     metadata = yaml.safe_load(card.split("---")[1])
     assert metadata["library_name"] == "medusa-lite"
     assert metadata["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -210,14 +239,18 @@ def test_unloadable_folder_is_refused_before_any_upload(saved_heads, tmp_path):
 
 
 def test_card_renders_only_what_was_recorded():
-    bare = model_card(MedusaConfig(num_heads=3, hidden_size=8, vocab_size=16, base_model_name_or_path="/models/my-llm"))
+    bare = model_card(
+        MedusaConfig(num_heads=3, hidden_size=8, vocab_size=16, base_model_name_or_path="/models/my-llm")
+    )
     metadata = yaml.safe_load(bare.split("---")[1])
     assert "base_model" not in metadata  # a local path is not a Hub model id
     assert "/models/my-llm" in bare
     assert "No training details were recorded" in bare
     assert "accuracy" not in bare.lower() and "| rank" not in bare
 
-    top1_only = model_card(MedusaConfig(num_heads=2, hidden_size=8, vocab_size=16, training_summary={"top1_accuracy": [0.5, 0.25]}))
+    top1_only = model_card(
+        MedusaConfig(num_heads=2, hidden_size=8, vocab_size=16, training_summary={"top1_accuracy": [0.5, 0.25]})
+    )
     assert "| head | guesses token | top-1 |" in top1_only and "0.500" in top1_only and "0.250" in top1_only
     assert "rank 1" not in top1_only and "Mean accepted" not in top1_only and "Steps" not in top1_only
 
@@ -226,7 +259,9 @@ def test_card_renders_only_what_was_recorded():
 
 # Runs in a fresh interpreter pointed at the loopback server: push the artifact folder, load it
 # back by repo id (a fresh HF cache), decode; then the errors for a missing repo and revision.
-ROUND_TRIP_SCRIPT = NETWORK_GUARD + r"""
+ROUND_TRIP_SCRIPT = (
+    NETWORK_GUARD
+    + r"""
 import torch
 from medusa_lite import generate, load
 from medusa_lite.errors import ArtifactNotFoundError
@@ -243,7 +278,11 @@ result = {
     "datastore_tokens": model.datastore.num_tokens,
 }
 errors = {}
-for name, kwargs in {"repo": dict(heads="alice/no-such-heads"), "revision": dict(heads="alice/medusa2-heads", heads_revision="v9")}.items():
+MISSING = {
+    "repo": dict(heads="alice/no-such-heads"),
+    "revision": dict(heads="alice/medusa2-heads", heads_revision="v9"),
+}
+for name, kwargs in MISSING.items():
     try:
         load(model_dir, **kwargs)
     except ArtifactNotFoundError as error:
@@ -251,22 +290,33 @@ for name, kwargs in {"repo": dict(heads="alice/no-such-heads"), "revision": dict
 result["errors"] = errors
 torch.save(result, out)
 """
+)
 
 
 @pytest.mark.slow
 def test_medusa2_artifact_round_trip_gives_the_adapted_models_outputs(tmp_path):
     model_dir, heads_dir = save_medusa2_artifact(tmp_path)
     write_tree_file(heads_dir / "tree.json", Tree.from_paths(TREE), {"note": "test"})
-    Datastore.from_documents([torch.tensor([1, 2, 3, 4])], plain_target(model_dir).config.vocab_size).save(heads_dir / DATASTORE_FILE_NAME)
+    Datastore.from_documents([torch.tensor([1, 2, 3, 4])], plain_target(model_dir).config.vocab_size).save(
+        heads_dir / DATASTORE_FILE_NAME
+    )
     script = ROUND_TRIP_SCRIPT.replace("PROMPT", repr(ROUND_TRIP_PROMPT)).replace("NEW_TOKENS", str(ROUND_TRIP_TOKENS))
     with HubServer() as hub:
         result = subprocess.run(
             [sys.executable, "-c", script, str(model_dir), str(heads_dir), str(tmp_path / "out.pt")],
-            cwd=ROOT, env=loopback_env(hub, tmp_path / "hf-home"), capture_output=True, text=True, timeout=300,
+            cwd=ROOT,
+            env=loopback_env(hub, tmp_path / "hf-home"),
+            capture_output=True,
+            text=True,
+            timeout=300,
         )
         assert result.returncode == 0, result.stderr
         assert hub.unexpected == []
-        downloaded = {path.split("/resolve/main/", 1)[1] for method, path in hub.requests if method == "GET" and "/resolve/main/" in path}
+        downloaded = {
+            path.split("/resolve/main/", 1)[1]
+            for method, path in hub.requests
+            if method == "GET" and "/resolve/main/" in path
+        }
         files = hub.files("alice/medusa2-heads")
     expected_files = ["config.json", "model.safetensors", "tree.json", DATASTORE_FILE_NAME, *ADAPTER_FILES]
     assert sorted(files) == sorted([*expected_files, "README.md"])
@@ -274,19 +324,28 @@ def test_medusa2_artifact_round_trip_gives_the_adapted_models_outputs(tmp_path):
         assert files[name] == (heads_dir / name).read_bytes(), f"{name} changed on the way to the Hub"
     assert downloaded == set(expected_files), "load() read every file of the artifact from the Hub"
     card = files["README.md"].decode()
-    assert "## Base-model adapter" in card and "rank 4" in card and "## Candidate tree" in card and "## Datastore" in card
+    assert (
+        "## Base-model adapter" in card and "rank 4" in card and "## Candidate tree" in card and "## Datastore" in card
+    )
 
     loaded = torch.load(tmp_path / "out.pt")
     prompt = torch.tensor([ROUND_TRIP_PROMPT])
     adapted, plain = adapted_reference(model_dir, heads_dir), plain_target(model_dir)
-    expected = adapted.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=ROUND_TRIP_TOKENS, do_sample=False)
-    unadapted = plain.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=ROUND_TRIP_TOKENS, do_sample=False)
+    expected = adapted.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=ROUND_TRIP_TOKENS, do_sample=False
+    )
+    unadapted = plain.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=ROUND_TRIP_TOKENS, do_sample=False
+    )
     assert not torch.equal(expected, unadapted), "precondition: the adapter changes the greedy output"
     assert torch.equal(loaded["sequences"], expected)
     torch.testing.assert_close(loaded["logits"], adapted(prompt).logits, atol=1e-4, rtol=1e-4)
     assert (loaded["logits"] - plain(prompt).logits).abs().max() > 0.1
     assert loaded["tree"] == TREE and loaded["datastore_tokens"] == 4
-    assert "no Hub repo 'alice/no-such-heads'" in loaded["errors"]["repo"] and "private or gated" in loaded["errors"]["repo"]
+    assert (
+        "no Hub repo 'alice/no-such-heads'" in loaded["errors"]["repo"]
+        and "private or gated" in loaded["errors"]["repo"]
+    )
     assert "revision 'v9'" in loaded["errors"]["revision"] and "no such revision" in loaded["errors"]["revision"]
 
 
@@ -296,4 +355,6 @@ def test_push_refuses_heads_that_need_an_adapter_they_lack(tmp_path):
     with pytest.raises(AdapterError, match=r"trained with a LoRA adapter.*has no adapter/adapter_config.json"):
         push_heads_to_hub(heads_dir, "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN)
     with pytest.raises(AdapterError, match="a heads module does not carry|has no adapter"):
-        push_heads_to_hub(MedusaHeads.from_pretrained(heads_dir), "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN)
+        push_heads_to_hub(
+            MedusaHeads.from_pretrained(heads_dir), "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN
+        )
