@@ -36,20 +36,22 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from medusa_lite.errors import DraftVocabError, HeadsFileError
-from medusa_lite.heads import CONFIG_NAME, DRAFT_IDS_NAME, WEIGHTS_NAME, DraftLMHead, check_state_dict, draft_ids_problem, draft_rows, read_weights
+from medusa_lite.heads import CONFIG_NAME, DRAFT_IDS_NAME, WEIGHTS_NAME, DraftLMHead, check_state_dict, draft_ids_problem, draft_rows, heads_file, read_weights
+from medusa_lite.resolve import resolve_source
 
 # The ``kind`` a drafter's config.json records (Medusa heads' configs have no ``kind``).
 DRAFTER_KIND = "sequential-drafter"
+# How errors name what a folder or repo was meant to hold.
+DRAFTER_WHAT = "drafter"
 DEFAULT_DRAFT_DEPTH = 4
 
 
@@ -268,18 +270,9 @@ class SequentialDrafter(
         """Load a drafter from a local folder or a Hub repo, strictly, with errors that name the file."""
         if unused:
             raise TypeError(f"SequentialDrafter.from_pretrained got unexpected arguments {sorted(unused)}")
-        source = str(pretrained_model_name_or_path)
-
-        def fetch(filename: str) -> Path:
-            if os.path.isdir(source):
-                path = Path(source) / filename
-                if not path.is_file():
-                    raise HeadsFileError(f"{path} is missing: a drafter folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
-                return path
-            return Path(hf_hub_download(source, filename, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only))
-
-        drafter = cls(read_drafter_config(fetch(CONFIG_NAME)))
-        drafter.load_state_dict(read_weights(fetch(WEIGHTS_NAME), map_location), strict=True)
+        source = resolve_source(pretrained_model_name_or_path, DRAFTER_WHAT, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only)
+        drafter = cls(read_drafter_config(heads_file(source, CONFIG_NAME)))
+        drafter.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
         return drafter
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):

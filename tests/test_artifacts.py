@@ -22,6 +22,9 @@ from medusa_lite import (
     generate,
     load,
 )
+from medusa_lite.cli import chat_input_ids
+from medusa_lite.cli import main as cli_main
+from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.errors import AdapterError, ArtifactNotFoundError
 from medusa_lite.prepack import prepack_backend, prepack_supported
 from medusa_lite.training import load_trained
@@ -338,3 +341,28 @@ def test_an_adapter_for_another_model_is_refused(tmp_path):
     save_adapter(wider, heads_dir / "adapter")
     with pytest.raises(AdapterError, match=r"does not fit the model .*size mismatch"):
         load(model_dir, heads=heads_dir)
+
+
+def test_a_drafter_path_typo_is_the_same_clear_error(tmp_path):
+    (tmp_path / "drafter").mkdir()
+    with pytest.raises(ArtifactNotFoundError) as error:
+        SequentialDrafter.from_pretrained(str(tmp_path / "drafterr"))
+    assert_missing_folder(error, tmp_path / "drafterr", suggestion=tmp_path / "drafter")
+    with pytest.raises(HeadsFileError, match="config.json is missing: a drafter folder holds"):
+        SequentialDrafter.from_pretrained(tmp_path / "drafter")
+
+
+def test_the_command_line_decodes_with_the_adapted_target(medusa2, capsys):
+    model_dir, heads_dir = medusa2
+    _, tokenizer = load(model_dir, heads=heads_dir, prepack=False)
+    input_ids = chat_input_ids(tokenizer, "Why is the sky blue?")
+    mask = torch.ones_like(input_ids)
+    texts = {}
+    for name, target in (("adapted", adapted_reference(model_dir, heads_dir)), ("plain", plain_target(model_dir))):
+        sequence = target.generate(input_ids, attention_mask=mask, max_new_tokens=16, do_sample=False)[0]
+        texts[name] = tokenizer.decode(sequence[input_ids.shape[1] :], skip_special_tokens=True).strip()
+    assert texts["adapted"] and texts["adapted"] != texts["plain"], "precondition: the adapter changes the text"
+    argv = ["--model", str(model_dir), "--heads", str(heads_dir), "--prompt", "Why is the sky blue?"]
+    assert cli_main([*argv, "--max-new-tokens", "16", "--dtype", "fp32", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert texts["adapted"] in out and texts["plain"] not in out
