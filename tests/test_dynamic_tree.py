@@ -9,7 +9,7 @@ from medusa_lite import DynamicTree, MedusaModel, Tree, TreeError, generate
 from medusa_lite.dynamic_tree import UNMEASURED_ROW_COSTS, chain_prefixes, chain_ranks, row_costs_from_table
 from medusa_lite.loading import read_tree_file, write_tree_file
 from medusa_lite.tree import best_tree, ranked_paths
-from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
+from tiny_models import OracleMedusaModel, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
 FLAT_COSTS = (1.0,) * 32  # every row free: a step keeps all the nodes it may
 CONFIDENT = [[0.9, 0.05, 0.03], [0.8, 0.1, 0.05], [0.7, 0.1, 0.05]]
@@ -104,15 +104,30 @@ def test_bad_policies_are_refused(arguments, message):
 
 @pytest.mark.parametrize("tokens_per_cost", [0.01, 2.0])
 @pytest.mark.parametrize("lookup_tokens", [0, 4])
-def test_random_heads_match_plain_greedy(tokens_per_cost, lookup_tokens):
+def test_partly_right_heads_match_plain_greedy(tokens_per_cost, lookup_tokens, monkeypatch):
+    """Each step's tree has several nodes (cheap or dear rows alike), some head guesses are accepted, output is exact."""
+    chosen_nodes = []
+    choose = DynamicTree.choose
+    monkeypatch.setattr(DynamicTree, "choose", lambda self, *args, **kwargs: chosen_nodes.append(choose(self, *args, **kwargs).num_nodes) or choose(self, *args, **kwargs))
     base = tiny_base_model("llama", vocab_size=96, seed=3)
-    model = MedusaModel(base, random_heads(base, num_heads=3, seed=4))
     policy = DynamicTree(8, GENTLE_COSTS, tokens_per_cost)
     generator = torch.Generator().manual_seed(5)
-    for _ in range(6):
+    steps = head_guesses_accepted = 0
+    root_alone = []  # per run: steps before the last whose tree was the root alone
+    for index in range(6):
         prompt = torch.randint(0, 96, (1, int(torch.randint(1, 20, (1,), generator=generator))), generator=generator)
-        out = generate(model, prompt, 40, tree=policy, lookup_tokens=lookup_tokens)
-        assert torch.equal(out.sequences, plain_greedy(base, prompt, 40))
+        expected = plain_greedy(base, prompt, 40)
+        model = PartlyRightOracle(base, random_heads(base, num_heads=3, seed=4), expected[0], seed=index)
+        out = generate(model, prompt, 40, tree=policy, lookup_tokens=lookup_tokens, datastore=False)
+        assert torch.equal(out.sequences, expected)
+        run_nodes = chosen_nodes[steps:]
+        root_alone.append(sum(nodes == 1 for nodes in run_nodes[:-1]))  # the last step may have room for no guess
+        steps += out.stats.steps
+        # Steps that accepted a guess without a lookup-only guess on their path accepted head guesses.
+        head_guesses_accepted += sum(t > 1 for t in out.stats.tokens_per_step) - out.stats.lookup_steps
+    assert len(chosen_nodes) == steps, "the dynamic policy did not choose every step's tree"
+    assert root_alone == [0] * len(root_alone), f"steps verified the root alone (trees chosen: {chosen_nodes})"
+    assert head_guesses_accepted > steps // 4, f"only {head_guesses_accepted} of {steps} steps accepted a head guess"
 
 
 class ConfidentOracle(OracleMedusaModel):

@@ -4,35 +4,68 @@ import pytest
 import torch
 
 from medusa_lite import MedusaModel, Tree, default_tree, generate
-from tiny_models import FAMILIES, OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
+from tiny_models import FAMILIES, OracleMedusaModel, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
 TREES = {
     "default": None,
     "chain": [(0,), (0, 0), (0, 0, 0)],
     "wide": [(0,), (1,), (2,), (3,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 1, 0)],
-    "root-only": [],
+    "root-only": [],  # with the lookup off: one row per step, plain decoding through the tree path
+    "lookup-only": [],  # the root + a prompt-lookup chain, no head guesses
 }
 NUM_PROMPTS = 8
 MAX_NEW_TOKENS = 40
+# Random-init seeds per family: mistral without a sliding window is llama's architecture, so the
+# same seed would make its case a copy of llama's (checked in test_random_heads_match_plain_greedy).
+FAMILY_SEEDS = {"llama": 3, "qwen2": 3, "mistral": 4}
+
+
+def family_base(family: str, **kwargs):
+    return tiny_base_model(family, vocab_size=96, seed=FAMILY_SEEDS[family], **kwargs)
+
+
+def lookup_arguments(tree_name: str) -> dict:
+    """root-only: no prompt lookup and no datastore; otherwise generate's defaults."""
+    return dict(lookup_tokens=0, datastore=False) if tree_name == "root-only" else {}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tree_name", list(TREES))
 def test_random_heads_match_plain_greedy(family, tree_name):
-    base = tiny_base_model(family, vocab_size=96, seed=3)
+    """Random heads (their guesses rejected) and partly-right oracle heads alone (accepted or not) match plain greedy."""
+    base = family_base(family)
     model = MedusaModel(base, random_heads(base, num_heads=3, seed=4))
     generator = torch.Generator().manual_seed(5)
-    for _ in range(NUM_PROMPTS):
+    random_stats, oracle_stats = [], []
+    for index in range(NUM_PROMPTS):
         prompt = torch.randint(0, 96, (1, int(torch.randint(1, 20, (1,), generator=generator))), generator=generator)
         expected = plain_greedy(base, prompt, MAX_NEW_TOKENS)
-        out = generate(model, prompt, MAX_NEW_TOKENS, tree=TREES[tree_name])
+        if index == 0 and family != "llama":  # a family's case is its own model, not llama's again
+            assert not torch.equal(expected, plain_greedy(family_base("llama"), prompt, MAX_NEW_TOKENS)), f"{family} reproduces llama"
+        out = generate(model, prompt, MAX_NEW_TOKENS, tree=TREES[tree_name], **lookup_arguments(tree_name))
         assert torch.equal(out.sequences, expected), f"{family}/{tree_name}: diverged from plain greedy"
         assert out.stats.new_tokens == MAX_NEW_TOKENS
+        random_stats.append(out.stats)
+        if tree_name == "root-only":
+            assert out.stats.steps == MAX_NEW_TOKENS - 1 and out.stats.mean_verified_rows == 1.0, "root-only verified more than the root"
+        if TREES[tree_name] != []:  # heads alone, right some of the time
+            oracle = PartlyRightOracle(base, random_heads(base, num_heads=3, seed=4), expected[0], seed=index)
+            oracle_out = generate(oracle, prompt, MAX_NEW_TOKENS, tree=TREES[tree_name], lookup_tokens=0, datastore=False)
+            assert torch.equal(oracle_out.sequences, expected), f"{family}/{tree_name}: partly-right heads diverged"
+            oracle_stats.append(oracle_out.stats)
+    if TREES[tree_name] != []:
+        per_step = [tokens for stats in oracle_stats for tokens in stats.tokens_per_step]
+        depth = max(stats.tree_depth for stats in oracle_stats)
+        # Heads-only runs took the accept path at every depth and the reject path too.
+        assert all(sum(stats.accepted_at_depth[d] for stats in oracle_stats) > 0 for d in range(depth)), "a depth never accepted a guess"
+        assert min(per_step) == 1, "no step rejected every guess"
+    if tree_name == "lookup-only":
+        assert sum(stats.lookup_steps for stats in random_stats) > 0, "the lookup chain was never accepted"
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_oracle_heads_accept_full_depth_every_step(family):
-    base = tiny_base_model(family, vocab_size=96, seed=7)
+    base = family_base(family)
     heads = random_heads(base, num_heads=4)
     prompt = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(8))
     expected = plain_greedy(base, prompt, MAX_NEW_TOKENS)

@@ -42,6 +42,24 @@ def test_sliding_window_limit_is_checked():
 
 
 EOS_CASES = ["inside-path", "at-root", "bonus"]
+EOS_TREE = [(0,), (0, 0), (0, 0, 0)]
+FULL_STEP = len(EOS_TREE) + 1  # with oracle heads every step accepts 3 guesses + the bonus
+
+
+def first_occurrences(tokens: torch.Tensor) -> list[int]:
+    """Indices i whose token does not occur before i (where decoding would stop were it EOS)."""
+    return [i for i in range(tokens.numel()) if not bool((tokens[:i] == tokens[i]).any())]
+
+
+def role_in_oracle_run(index: int) -> str:
+    """What new token ``index`` is in an oracle run on EOS_TREE: the prefill's token, an accepted guess or a bonus.
+
+    New token 0 comes from the prefill; step s (from 1) commits tokens FULL_STEP (s - 1) + 1 ..
+    FULL_STEP s, the last of them its bonus.
+    """
+    if index == 0:
+        return "at-root"
+    return "bonus" if index % FULL_STEP == 0 else "inside-path"
 
 
 @pytest.mark.parametrize("where", EOS_CASES)
@@ -51,28 +69,41 @@ def test_eos_anywhere_ends_generation_exactly_there(where):
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     reference = plain_greedy(base, prompt, 30, eos_token_id=[])[0]
     new = reference[prompt.shape[1]:]
-    tree = [(0,), (0, 0), (0, 0, 0)]
-    # With oracle heads every step accepts 3 guesses + bonus: new tokens 0 (prefill), 1-4 (step 1: guesses 1-3, bonus 4), ...
-    index = {"at-root": 0, "inside-path": 6, "bonus": 8}[where]
+    # The first token, by position, whose first occurrence has the role asked for: decoding stops there.
+    index = next((i for i in first_occurrences(new) if role_in_oracle_run(i) == where), None)
+    assert index is not None, f"no token of the reference is first seen at a {where} position: pick another seed"
     eos = int(new[index])
-    first = int((new == eos).nonzero()[0])  # the first occurrence is where decoding stops
     expected = plain_greedy(base, prompt, 30, eos_token_id=eos)
-    assert expected.shape[1] == prompt.shape[1] + first + 1
+    assert expected.shape[1] == prompt.shape[1] + index + 1
     oracle = OracleMedusaModel(base, random_heads(base, 3), reference)
-    out = generate(oracle, prompt, 30, tree=tree, eos_token_id=eos)
+    out = generate(oracle, prompt, 30, tree=EOS_TREE, eos_token_id=eos, lookup_tokens=0, datastore=False)
     assert torch.equal(out.sequences, expected)
     assert out.sequences[0, -1] == eos
+    # The run reached the case: EOS came from the prefill, from inside an accepted path, or as a step's bonus.
+    assert out.stats.tokens_per_step == [FULL_STEP] * out.stats.steps, "the oracle heads should accept every guess"
+    assert out.stats.steps == -(-index // FULL_STEP)
+    if where == "bonus":
+        assert index == FULL_STEP * out.stats.steps, "EOS should be the last step's bonus token"
+    elif where == "inside-path":
+        assert 0 < FULL_STEP * out.stats.steps - index < FULL_STEP, "EOS should be an accepted guess of the last step"
+    else:
+        assert out.stats.steps == 0
 
 
 def test_any_of_several_eos_ids_stops():
+    """Two EOS ids, listed latest-first: generation stops at the first of either, after verification steps."""
     base = tiny_base_model("qwen2", vocab_size=64, seed=6)
     model = MedusaModel(base, random_heads(base, 3))
     prompt = torch.tensor([[7, 7, 2]])
     reference = plain_greedy(base, prompt, 30, eos_token_id=[])[0, 3:]
-    eos = [int(reference[12]), int(reference[5])]
+    later, earlier = [i for i in first_occurrences(reference) if i >= 2][-2:][::-1]
+    assert earlier < later, "need two ids first seen after the first verification step"
+    eos = [int(reference[later]), int(reference[earlier])]
     expected = plain_greedy(base, prompt, 30, eos_token_id=eos)
+    assert expected.shape[1] == 3 + earlier + 1 and expected[0, -1] == eos[1]
     out = generate(model, prompt, 30, eos_token_id=eos)
     assert torch.equal(out.sequences, expected)
+    assert out.stats.steps >= 1, "the run stopped before any verification step"
 
 
 def test_long_generation_keeps_cache_bounded_by_committed_tokens():

@@ -20,7 +20,7 @@ from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel, SamplingSettings
 from medusa_lite.errors import HeadsFileError
 from medusa_lite.training.losses import gather_rows
 from test_sampling_exact import ALPHA, NUM_SAMPLES, PARTIAL_TREE, chi_square_p_value, exact_distribution, sample_counts
-from tiny_models import FAMILIES, plain_greedy, random_heads, tiny_base_model
+from tiny_models import FAMILIES, NextTokenOracle, plain_greedy, random_heads, tiny_base_model
 import training_fixtures
 from training_fixtures import CYCLE, QUESTIONS, tiny_argv, write_records
 
@@ -107,6 +107,27 @@ def test_greedy_matches_plain_greedy(family, lookup_tokens):
     prompt = torch.tensor([[5, 9, 2, 5, 9, 14, 3]])
     out = generate(model, prompt, 30, tree=TREE, lookup_tokens=lookup_tokens)
     assert torch.equal(out.sequences, plain_greedy(model.base_model, prompt, 30))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_oracle_next_token_heads_are_fed_the_root_and_accept_full_depth(family):
+    """Heads right exactly when fed the right next token: every step accepts the whole tree depth.
+
+    Random heads never get a guess accepted, so this is the run where the next token after an
+    accepted path (the new root) is what decides the guesses.
+    """
+    model = next_token_model(family, logit_scale=20.0)
+    prompt = torch.tensor([[5, 9, 2, 5, 9, 14, 3]])
+    full_step, steps = TREE.depth + 1, 7
+    new_tokens = 1 + steps * full_step  # the prefill's token, then full steps only: every step has room for guesses
+    expected = plain_greedy(model.base_model, prompt, new_tokens)
+    oracle = NextTokenOracle(model.base_model, model.heads, expected[0])
+    out = generate(oracle, prompt, new_tokens, tree=TREE, lookup_tokens=0, datastore=False)
+    assert torch.equal(out.sequences, expected)
+    assert out.stats.tokens_per_step == [full_step] * steps, "oracle guesses were rejected"
+    assert len(oracle.fed) == steps, "the heads should be asked once per step"
+    wrong = [(position, fed, right) for position, fed, right in oracle.fed if fed != right]
+    assert not wrong, f"heads fed the wrong next token (position, fed, right): {wrong}"
 
 
 def test_sampling_matches_the_exact_target_distribution():

@@ -61,16 +61,82 @@ class OracleMedusaModel(MedusaModel):
         with torch.no_grad():
             self.reference_hidden = base_model(reference[None], output_hidden_states=True).hidden_states[-1][0]
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def reference_position(self, hidden: torch.Tensor) -> int:
+        """The position p of the reference whose hidden state ``hidden`` is (the next token is reference[p + 1])."""
         distance = (self.reference_hidden - hidden).abs().amax(dim=-1)
         position = int(distance.argmin())
         assert float(distance[position]) < 1e-3, "oracle: hidden state not on the reference path"
+        return position
+
+    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        position = self.reference_position(hidden)
         count = self.num_heads if num_heads is None else num_heads
         logits = torch.zeros(count, self.config.vocab_size)
         for k in range(count):
             ahead = position + 2 + k
             if ahead < self.reference.numel():
                 logits[k, self.reference[ahead]] = 1.0
+        return logits
+
+
+# Logits of a partly-right oracle's three guesses, best first (every other token: 0). On a
+# 96-token vocabulary their softmax is about 0.31 / 0.11 / 0.04: a dynamic tree keeps several.
+GUESS_LOGITS = (4.0, 3.0, 2.0)
+# Where a partly-right head ranks the right token: rank 0, 1, 2, or not among its guesses (None).
+RIGHT_RANK_CHOICES = (0, 0, 0, 0, 0, 1, 1, 2, None, None)
+
+
+class PartlyRightOracle(OracleMedusaModel):
+    """Heads right only some of the time, so a run takes both the accept and the reject paths.
+
+    At reference position p, head k ranks the right token (the reference k + 2 tokens ahead) at a
+    rank drawn once per (p, k) from RIGHT_RANK_CHOICES (seeded), and fills its other ranks with
+    wrong tokens; their logits are GUESS_LOGITS.
+    """
+
+    def __init__(self, base_model, heads, reference: torch.Tensor, seed: int = 0):
+        super().__init__(base_model, heads, reference)
+        generator = torch.Generator().manual_seed(seed)
+        draws = torch.randint(0, len(RIGHT_RANK_CHOICES), (reference.numel(), self.num_heads), generator=generator)
+        self.right_rank = [[RIGHT_RANK_CHOICES[int(i)] for i in row] for row in draws]
+
+    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        position = self.reference_position(hidden)
+        count = self.num_heads if num_heads is None else num_heads
+        vocab = self.config.vocab_size
+        logits = torch.zeros(count, vocab)
+        for k in range(count):
+            ahead = position + 2 + k
+            right = int(self.reference[ahead]) if ahead < self.reference.numel() else 0
+            wrong = [(right + 1 + j) % vocab for j in range(len(GUESS_LOGITS))]
+            rank = self.right_rank[position][k] if ahead < self.reference.numel() else None
+            tokens = wrong if rank is None else wrong[:rank] + [right] + wrong[rank:]
+            for token, logit in zip(tokens, GUESS_LOGITS):
+                logits[k, token] = logit
+        return logits
+
+
+class NextTokenOracle(OracleMedusaModel):
+    """Oracle heads that read the next token (``next_token_input``) and are right only when it is right.
+
+    At reference position p head k guesses reference[p + 2 + k] when the next token it is fed is
+    reference[p + 1], and a wrong token otherwise; every call is recorded in ``fed`` as
+    (p, the token fed, the right one).
+    """
+
+    def __init__(self, base_model, heads, reference: torch.Tensor):
+        assert heads.config.next_token_input, "NextTokenOracle stands for heads that read the next token"
+        super().__init__(base_model, heads, reference)
+        self.fed: list[tuple[int, int, int]] = []
+
+    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+        assert next_tokens is not None and next_tokens.numel() == 1, "next-token heads must be fed the tree's root"
+        position = self.reference_position(hidden)
+        right_next = int(self.reference[position + 1])
+        self.fed.append((position, int(next_tokens), right_next))
+        logits = super().head_logits(hidden, num_heads, next_tokens)
+        if int(next_tokens) != right_next:
+            logits = logits.roll(1, dims=-1)  # every guess off by one token: wrong
         return logits
 
 
