@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from tiny_models import tiny_base_model
+from transformers import TextStreamer
 from tiny_tokenizer import make_tiny_tokenizer
 
 from medusa_lite import MedusaModel, default_tree
@@ -124,8 +125,16 @@ def test_bad_tree_files_are_rejected(tmp_path):
 
 
 # -- the command -------------------------------------------------------------------------------
-def test_cli_greedy_streams_text_and_compares(checkpoint, capsys):
+def test_cli_greedy_streams_text_and_compares(checkpoint, capsys, monkeypatch):
     model_dir, heads_dir = checkpoint
+    chunks = []  # what the streamer printed, piece by piece (it still prints)
+
+    class RecordingStreamer(TextStreamer):
+        def on_finalized_text(self, text: str, stream_end: bool = False):
+            chunks.append(text)
+            super().on_finalized_text(text, stream_end)
+
+    monkeypatch.setattr("medusa_lite.cli.TextStreamer", RecordingStreamer)
     code, out, _ = run_cli(capsys, "--model", str(model_dir), "--heads", str(heads_dir), "--prompt", PROMPT, "--max-new-tokens", "20", "--dtype", "fp32", "--compare")
     assert code == 0
     numbers = summary_numbers(out)
@@ -139,7 +148,10 @@ def test_cli_greedy_streams_text_and_compares(checkpoint, capsys):
 
     input_ids = chat_input_ids(tokenizer, PROMPT)
     tokens = generate(model, input_ids, 20, tree=model.tree).sequences[0, input_ids.shape[1] :]
-    assert out.startswith(tokenizer.decode(tokens, skip_special_tokens=True).strip()[:10])
+    text = tokenizer.decode(tokens, skip_special_tokens=True)
+    streamed = out[: out.index("[medusa-lite]")]
+    assert len([chunk for chunk in chunks if chunk.strip()]) >= 2, f"the text was not streamed in pieces: {chunks}"
+    assert "".join(chunks) == text and streamed == text + "\n"  # the whole text, as it was streamed; the streamer ends the line
 
 
 def test_cli_sampling_is_seeded(checkpoint, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -14,9 +15,11 @@ from transformers import AutoModelForCausalLM
 import medusa_lite.hub
 from medusa_lite import MedusaHeads, MedusaModel, load
 from medusa_lite.training import load_trained
+from medusa_lite.training import loop
+from medusa_lite.training.data import TokenizedData, load_training_data
 from tiny_tokenizer import TINY_VOCAB_SIZE
 import training_fixtures
-from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv, write_pattern_data
+from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv, write_distinct_pattern_data, write_pattern_data
 
 sys.path.insert(0, str(TRAIN_SCRIPT.parent))
 import train_heads  # noqa: E402
@@ -27,40 +30,61 @@ tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, traini
 CHANCE = 1 / TINY_VOCAB_SIZE
 
 
+@dataclass
+class TrainedRun:
+    result: object  # train_heads.main's TrainResult
+    data: TokenizedData  # the run's own train / held-out split
+
+
 @pytest.fixture(scope="module")
-def trained(tiny_target, pattern_data, tmp_path_factory):
+def trained(tiny_target, tmp_path_factory) -> TrainedRun:
+    """A 60-step run on distinct records; the split it made is captured (the loader still runs) to check it."""
     torch.set_num_threads(1)
-    return train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path_factory.mktemp("run") / "out"))
+    data = write_distinct_pattern_data(tmp_path_factory.mktemp("distinct-data") / "train.jsonl")
+    splits = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "load_training_data", lambda *args, **kwargs: splits.append(load_training_data(*args, **kwargs)) or splits[-1])
+        result = train_heads.main(tiny_argv(tiny_target, data, tmp_path_factory.mktemp("run") / "out"))
+    assert len(splits) == 1
+    return TrainedRun(result, splits[0])
+
+
+def test_held_out_sequences_are_disjoint_from_the_training_sequences(trained):
+    train = [tuple(sample.input_ids.tolist()) for sample in trained.data.train]
+    held_out = [tuple(sample.input_ids.tolist()) for sample in trained.data.eval]
+    assert len(held_out) == trained.result.summary["eval_sequences"] > 0
+    copies = [seq for seq in held_out if any(seq == other[: len(seq)] for other in train)]
+    assert not copies, f"{len(copies)} of {len(held_out)} held-out sequences are (prefixes of) training sequences"
 
 
 def test_head_accuracy_rises_far_above_chance_on_held_out_data(trained):
-    summary = trained.summary
+    summary = trained.result.summary
     top1 = summary["top1_accuracy"]
     assert len(top1) == 3
     assert top1[0] > 0.5, f"head-1 held-out top-1 accuracy {top1[0]} (chance {CHANCE:.4f})"
     assert all(a > 50 * CHANCE for a in top1)
-    losses = [entry["train/loss"] for entry in trained.history if "train/loss" in entry]
+    losses = [entry["train/loss"] for entry in trained.result.history if "train/loss" in entry]
     assert losses[-1] < 0.8 * losses[0]
 
 
 def test_saved_heads_load_strictly_and_carry_the_training_summary(trained, tiny_target):
-    heads = MedusaHeads.from_pretrained(trained.heads_dir)
+    heads = MedusaHeads.from_pretrained(trained.result.heads_dir)
     summary = heads.config.training_summary
     assert summary["steps"] == 60 and summary["tokens_trained"] > 0
     ranks = summary["topk_accuracy"]  # what the tree calibration reads: [head][rank]
     assert len(ranks) == 3 and all(len(row) == 5 for row in ranks)
     for row, top1, top5 in zip(ranks, summary["top1_accuracy"], summary["top5_accuracy"]):
         assert row[0] == pytest.approx(top1) and sum(row) == pytest.approx(top5, abs=1e-3) and sum(row) <= 1.0 + 1e-6
-    assert summary["data"].endswith("train.jsonl") and summary["eval_sequences"] == 16
+    assert summary["data"].endswith("train.jsonl") and summary["eval_sequences"] == len(trained.data.eval) == 8
     base = AutoModelForCausalLM.from_pretrained(tiny_target)
     MedusaModel(base, heads)  # sizes fit the target
     assert heads.config.base_model_name_or_path == str(tiny_target)
 
 
 def test_checkpoints_and_metrics_are_written(trained):
-    checkpoints = sorted(p.name for p in (trained.output_dir / "checkpoints").iterdir())
+    checkpoints = sorted(p.name for p in (trained.result.output_dir / "checkpoints").iterdir())
     assert checkpoints == ["step-00000030", "step-00000060"]
-    lines = (trained.output_dir / "metrics.jsonl").read_text().splitlines()
+    lines = (trained.result.output_dir / "metrics.jsonl").read_text().splitlines()
     assert json.loads(lines[0])["step"] == 10 and "train/head_top1" in json.loads(lines[0])
 
 

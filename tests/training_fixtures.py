@@ -61,6 +61,18 @@ def write_pattern_data(path: Path, num_records: int, *, seed: int = 0, answer_wo
     return path
 
 
+def write_distinct_pattern_data(path: Path, *, seed: int = 0, answer_words: int = 24) -> Path:
+    """Every (question, starting word) pair once, in a seeded order: no two records are alike, so a
+    held-out split is disjoint from the training split (``write_pattern_data`` repeats records)."""
+    records = [
+        {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": " ".join(CYCLE[(start + i) % len(CYCLE)] for i in range(answer_words))}]}
+        for question in QUESTIONS
+        for start in range(len(CYCLE))
+    ]
+    random.Random(seed).shuffle(records)
+    return write_records(path, records)
+
+
 def write_records(path: Path, records: list) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
