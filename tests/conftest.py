@@ -1,4 +1,5 @@
 import os
+import re
 
 import pytest
 import torch
@@ -7,8 +8,34 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# A skipped test is a kernel test when its reason names a kernel or the CPU feature it needs.
+KERNEL_SKIP_REASON = re.compile(r"row_gemm|kernel|AVX|MKL|packed", re.IGNORECASE)
+
 
 @pytest.fixture(autouse=True)
 def _deterministic_threads():
     torch.manual_seed(0)
     yield
+
+
+def skip_reason(report) -> str:
+    """The reason pytest recorded for a skipped test (longrepr is (path, line, 'Skipped: reason'))."""
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say which kernel tests did not run here and why, so a run on a CPU without the kernel is not mistaken for full coverage."""
+    skipped = [report for report in terminalreporter.stats.get("skipped", []) if KERNEL_SKIP_REASON.search(skip_reason(report))]
+    if not skipped:
+        return
+    terminalreporter.section("kernel tests not run")
+    by_reason: dict[str, list[str]] = {}
+    for report in skipped:
+        by_reason.setdefault(skip_reason(report), []).append(report.nodeid)
+    terminalreporter.write_line(f"{len(skipped)} kernel test(s) skipped on this machine:")
+    for reason, nodeids in sorted(by_reason.items(), key=lambda item: -len(item[1])):
+        files = sorted({nodeid.split("::")[0] for nodeid in nodeids})
+        terminalreporter.write_line(f"  {len(nodeids)} x {reason}  ({', '.join(files)})")
+    terminalreporter.write_line("Their logic (packed layout, blocking, packed paths) ran against the PyTorch reference: tests/test_kernel_logic.py.")

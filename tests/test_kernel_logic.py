@@ -1,0 +1,145 @@
+"""The row_gemm kernel's logic on any CPU, and what runs when the kernel is unavailable.
+
+``tests/row_gemm_reference.py`` reads packed buffers with the kernel's layout and blocking in
+PyTorch. Here it must equal a plain matmul; where the kernel runs, the kernel's packed buffers
+must be bit-identical to the reference's and its products agree with it; and the packed paths
+of ``medusa_lite.prepack`` and ``DraftLMHead`` (row ranges, bias, reshapes, stale copies, exact
+greedy decoding) run with the reference standing in for the compiled kernel. Finally, on the MKL
+fallback (kernel unavailable) the draft head stays unpacked.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_cli import save_tiny_checkpoint
+from test_row_gemm import ROWS, SHAPES, assert_within_rounding
+from tiny_models import plain_greedy, random_heads, tiny_base_model
+from transformers import AutoModelForCausalLM
+
+import medusa_lite.heads
+import medusa_lite.kernels as kernels
+import medusa_lite.prepack as prepack
+from medusa_lite import MedusaModel, generate
+from medusa_lite.heads import DraftLMHead
+from medusa_lite.loading import load
+from row_gemm_reference import kernel_constants, pack_reference, row_gemm_reference
+
+BLOCK_COLS, MAX_ROWS = kernel_constants()
+# The kernel's blocking, and others that move the block and row-group edges around the shapes.
+BLOCKINGS = [(BLOCK_COLS, MAX_ROWS), (16, 3), (8, 1)]
+PACKED_ROWS = 8
+VOCAB_SIZE = 96
+
+needs_kernel = pytest.mark.skipif(kernels.row_gemm_unavailable_reason() is not None, reason=f"row_gemm unavailable: {kernels.row_gemm_unavailable_reason()}")
+
+
+@pytest.mark.parametrize("block_cols, max_rows", BLOCKINGS)
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+def test_reference_reads_the_packed_layout_like_a_matmul(out_features, in_features, block_cols, max_rows):
+    generator = torch.Generator().manual_seed(out_features * in_features + block_cols)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    packed = pack_reference(weight, block_cols)
+    assert packed.numel() == -(-out_features // block_cols) * block_cols * in_features
+    for rows in ROWS:
+        inputs = torch.randn(rows, in_features, generator=generator)
+        assert_within_rounding(row_gemm_reference(inputs, packed, out_features, block_cols, max_rows), inputs, weight)
+
+
+def test_reference_constants_come_from_the_source():
+    source = "#define VECTORS 2\n#define BLOCK_COLS (16 * VECTORS)   /* c */\n#define MAX_ROWS 6\n"
+    assert kernel_constants(source) == (32, 6)
+    with pytest.raises(AssertionError, match="no longer defines MAX_ROWS"):
+        kernel_constants("#define VECTORS 2\n#define BLOCK_COLS (16 * VECTORS)\n")
+
+
+@needs_kernel
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+def test_kernel_packs_and_multiplies_like_the_reference(out_features, in_features):
+    assert (kernels.block_columns(), kernels.row_gemm_library().row_gemm_max_rows()) == (BLOCK_COLS, MAX_ROWS)
+    generator = torch.Generator().manual_seed(out_features + in_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    packed = kernels.pack_for_row_gemm(weight)
+    assert torch.equal(packed, pack_reference(weight, BLOCK_COLS)), "the kernel's packed layout differs from the reference's"
+    for rows in ROWS:
+        inputs = torch.randn(rows, in_features, generator=generator)
+        expected = row_gemm_reference(inputs, packed, out_features, BLOCK_COLS, MAX_ROWS)
+        torch.testing.assert_close(kernels.row_gemm(inputs, packed, out_features), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def reference_kernel(monkeypatch) -> list[int]:
+    """The reference stands in for the compiled kernel everywhere medusa_lite calls it; returns the row counts multiplied."""
+    calls: list[int] = []
+
+    def pack(weight: torch.Tensor) -> torch.Tensor:
+        return pack_reference(weight.detach().float(), BLOCK_COLS)
+
+    def multiply(inputs: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
+        calls.append(inputs.shape[0])
+        return row_gemm_reference(inputs.contiguous(), packed, out_features, BLOCK_COLS, MAX_ROWS)
+
+    monkeypatch.setattr(prepack, "pack_for_row_gemm", pack)
+    monkeypatch.setattr(prepack, "row_gemm", multiply)
+    monkeypatch.setattr(medusa_lite.heads, "pack_for_row_gemm", pack)
+    monkeypatch.setattr(prepack, "row_gemm_available", lambda: True)
+    monkeypatch.setattr(prepack, "row_gemm_unavailable_reason", lambda: None)
+    return calls
+
+
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_prepacked_linear_row_gemm_path_on_the_reference(reference_kernel, bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(37, 50, bias=bias)
+    packed = prepack.PrepackedLinear(linear, PACKED_ROWS, prepack.ROW_GEMM)
+    generator = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for rows in range(1, PACKED_ROWS + 3):
+            inputs = torch.randn(1, rows, 37, generator=generator)  # [batch, tokens, features], as inside a model
+            torch.testing.assert_close(packed(inputs), F.linear(inputs, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
+    assert reference_kernel == list(range(prepack.ROW_GEMM_MIN_ROWS, PACKED_ROWS + 1)), "rows outside the packed range took the packed path"
+    with torch.inference_mode():
+        linear.weight.mul_(2.0)  # a changed weight: its stale packed copy must not be used
+        inputs = torch.randn(3, 37, generator=generator)
+        assert torch.equal(packed(inputs), F.linear(inputs, linear.weight, linear.bias))
+    assert len(reference_kernel) == PACKED_ROWS - 1
+
+
+def test_greedy_on_a_reference_packed_model_matches_plain_greedy(reference_kernel):
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE, seed=3)
+    prompt = torch.randint(0, VOCAB_SIZE, (1, 7), generator=torch.Generator().manual_seed(4))
+    expected = plain_greedy(base, prompt, 20)
+    assert prepack.prepack_linears(base, PACKED_ROWS, prepack.ROW_GEMM) > 0
+    model = MedusaModel(base, random_heads(base, num_heads=3))
+    out = generate(model, prompt, 20, tree=[(0,), (1,), (0, 0), (0, 0, 0)])
+    assert torch.equal(out.sequences, expected)
+    assert reference_kernel and min(reference_kernel) >= prepack.ROW_GEMM_MIN_ROWS, "verification never took the packed path"
+
+
+def test_draft_lm_head_on_the_reference(reference_kernel):
+    base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
+    head = DraftLMHead(base.lm_head, torch.arange(0, VOCAB_SIZE, 3))
+    head.pack_for_few_rows(4)
+    hidden = torch.randn(6, base.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for rows in (1, 4, 6):
+            torch.testing.assert_close(head(hidden[:rows]), F.linear(hidden[:rows], head.weight), rtol=1e-5, atol=1e-5)
+    assert reference_kernel == [1, 4], "the draft head's packed path ran for the wrong row counts"
+
+
+def test_the_draft_head_stays_unpacked_on_the_mkl_fallback(tmp_path, monkeypatch):
+    """Kernel unavailable: the target is packed for MKL (where MKL has packed ops), the draft projection not at all."""
+    monkeypatch.setattr(prepack, "row_gemm_available", lambda: False)
+    monkeypatch.setattr(prepack, "row_gemm_unavailable_reason", lambda: "the CPU lacks AVX-512 (test)")
+    model_dir = save_tiny_checkpoint(tmp_path)[0]
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    heads = MedusaModel.with_new_heads(base, 2, draft_token_ids=torch.arange(base.config.vocab_size // 2)).heads
+    heads.save_pretrained(tmp_path / "draft_heads")
+    model, _ = load(model_dir, heads=tmp_path / "draft_heads")
+    assert model.draft_lm_head is not None, "the heads should have a draft vocabulary"
+    expected_backend = prepack.MKL if prepack.mkl_packing_available() else None
+    assert prepack.prepack_backend(model.base_model) == expected_backend
+    assert model.draft_lm_head.packed_weight is None and model.draft_lm_head.packed_rows == 0
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    assert torch.equal(generate(model, prompt, 12).sequences, plain_greedy(model.base_model, prompt, 12))
