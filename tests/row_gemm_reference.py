@@ -5,8 +5,8 @@ outputs, ``packed[b][k][j] = w[b * BLOCK_COLS + j][k]`` (zero past N); each bloc
 accumulated over k for up to MAX_ROWS rows at a time, and only the first N columns are stored.
 This module does the same indexing with tensors, so the logic (layout, block and row grouping,
 the partial last block) is checked where the AVX-512 kernel cannot run; the vector arithmetic is
-what it leaves to the kernel's own tests. The constants are read from the C source, so the
-reference follows it.
+what it leaves to the kernel's own tests. The constants of each variant (AVX-512, AVX2) are
+read from the C source, so the reference follows it.
 """
 
 from __future__ import annotations
@@ -17,22 +17,28 @@ import torch
 
 from medusa_lite.kernels import SOURCE
 
-FLOATS_PER_VECTOR = 16  # one zmm register of float32
+# The preprocessor branch of each variant of row_gemm.c, by the macro its compiler flags define.
+VARIANT_MACROS = {"avx512": "__AVX512F__", "avx2": "__AVX2__"}
 
 
-def kernel_constants(source: str | None = None) -> tuple[int, int]:
-    """(BLOCK_COLS, MAX_ROWS) as row_gemm.c defines them."""
+def kernel_constants(source: str | None = None) -> dict[str, tuple[int, int]]:
+    """{variant: (BLOCK_COLS, MAX_ROWS)} as row_gemm.c defines them (BLOCK_COLS = LANES * VECTORS)."""
     text = SOURCE.read_text() if source is None else source
+    block = re.search(r"^#define BLOCK_COLS +(.+?) *(/\*.*)?$", text, re.MULTILINE)
+    assert block and block.group(1).replace(" ", "") == "(LANES*VECTORS)", "BLOCK_COLS changed: update tests/row_gemm_reference.py"
+    branches = re.split(r"^#(?:el)?if ", text, flags=re.MULTILINE)[1:]
+    constants = {}
+    for variant, macro in VARIANT_MACROS.items():
+        branch = next((b for b in branches if b.startswith(f"defined({macro})")), None)
+        assert branch is not None, f"row_gemm.c has no {macro} branch: update tests/row_gemm_reference.py"
 
-    def define(name: str) -> str:
-        match = re.search(rf"^#define {name} +(.+?) *(/\*.*)?$", text, re.MULTILINE)
-        assert match, f"row_gemm.c no longer defines {name}: update tests/row_gemm_reference.py"
-        return match.group(1)
+        def define(name: str) -> int:
+            match = re.search(rf"^#define {name} +(\d+)", branch, re.MULTILINE)
+            assert match, f"row_gemm.c's {variant} branch no longer defines {name}: update tests/row_gemm_reference.py"
+            return int(match.group(1))
 
-    vectors = int(define("VECTORS"))
-    block = define("BLOCK_COLS")
-    assert block.replace(" ", "") == f"({FLOATS_PER_VECTOR}*VECTORS)", f"BLOCK_COLS is now {block}: update the reference"
-    return FLOATS_PER_VECTOR * vectors, int(define("MAX_ROWS"))
+        constants[variant] = (define("LANES") * define("VECTORS"), define("MAX_ROWS"))
+    return constants
 
 
 def pack_reference(weight: torch.Tensor, block_cols: int) -> torch.Tensor:

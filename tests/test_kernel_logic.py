@@ -26,14 +26,13 @@ from medusa_lite.heads import DraftLMHead
 from medusa_lite.loading import load
 from row_gemm_reference import kernel_constants, pack_reference, row_gemm_reference
 
-BLOCK_COLS, MAX_ROWS = kernel_constants()
-# The kernel's blocking, and others that move the block and row-group edges around the shapes.
-BLOCKINGS = [(BLOCK_COLS, MAX_ROWS), (16, 3), (8, 1)]
+VARIANT_BLOCKING = kernel_constants()
+# Each variant's blocking, and one more that moves the block and row-group edges around the shapes.
+BLOCKINGS = sorted(set(VARIANT_BLOCKING.values())) + [(8, 1)]
+# The reference stands in for the variant a machine without AVX-512 runs.
+BLOCK_COLS, MAX_ROWS = VARIANT_BLOCKING[kernels.AVX2]
 PACKED_ROWS = 8
 VOCAB_SIZE = 96
-
-needs_kernel = pytest.mark.skipif(kernels.row_gemm_unavailable_reason() is not None, reason=f"row_gemm unavailable: {kernels.row_gemm_unavailable_reason()}")
-
 
 @pytest.mark.parametrize("block_cols, max_rows", BLOCKINGS)
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
@@ -48,24 +47,33 @@ def test_reference_reads_the_packed_layout_like_a_matmul(out_features, in_featur
 
 
 def test_reference_constants_come_from_the_source():
-    source = "#define VECTORS 2\n#define BLOCK_COLS (16 * VECTORS)   /* c */\n#define MAX_ROWS 6\n"
-    assert kernel_constants(source) == (32, 6)
-    with pytest.raises(AssertionError, match="no longer defines MAX_ROWS"):
-        kernel_constants("#define VECTORS 2\n#define BLOCK_COLS (16 * VECTORS)\n")
+    source = (
+        "#if defined(__AVX512F__) && defined(__FMA__)\n#define LANES 16\n#define VECTORS 2\n#define MAX_ROWS 6\n"
+        "#elif defined(__AVX2__) && defined(__FMA__)\n#define LANES 8\n#define VECTORS 3\n#define MAX_ROWS 4\n#endif\n"
+        "#define BLOCK_COLS (LANES * VECTORS)   /* c */\n"
+    )
+    assert kernel_constants(source) == {"avx512": (32, 6), "avx2": (24, 4)}
+    with pytest.raises(AssertionError, match="avx2 branch no longer defines MAX_ROWS"):
+        kernel_constants(source.replace("#define MAX_ROWS 4\n", ""))
 
 
-@needs_kernel
+@pytest.mark.parametrize("variant", list(VARIANT_BLOCKING))
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
-def test_kernel_packs_and_multiplies_like_the_reference(out_features, in_features):
-    assert (kernels.block_columns(), kernels.row_gemm_library().row_gemm_max_rows()) == (BLOCK_COLS, MAX_ROWS)
+def test_kernel_packs_and_multiplies_like_the_reference(variant, out_features, in_features):
+    reason = kernels.variant_unavailable_reason(variant)
+    if reason is not None:
+        pytest.skip(f"row_gemm {variant} variant unavailable: {reason}")
+    block_cols, max_rows = VARIANT_BLOCKING[variant]
+    library = kernels.row_gemm_library(variant)
+    assert (library.row_gemm_block_cols(), library.row_gemm_max_rows()) == (block_cols, max_rows)
     generator = torch.Generator().manual_seed(out_features + in_features)
     weight = torch.randn(out_features, in_features, generator=generator)
-    packed = kernels.pack_for_row_gemm(weight)
-    assert torch.equal(packed, pack_reference(weight, BLOCK_COLS)), "the kernel's packed layout differs from the reference's"
+    packed = kernels.pack_for_row_gemm(weight, variant)
+    assert torch.equal(packed, pack_reference(weight, block_cols)), "the kernel's packed layout differs from the reference's"
     for rows in ROWS:
         inputs = torch.randn(rows, in_features, generator=generator)
-        expected = row_gemm_reference(inputs, packed, out_features, BLOCK_COLS, MAX_ROWS)
-        torch.testing.assert_close(kernels.row_gemm(inputs, packed, out_features), expected, rtol=1e-5, atol=1e-5)
+        expected = row_gemm_reference(inputs, packed, out_features, block_cols, max_rows)
+        torch.testing.assert_close(kernels.row_gemm(inputs, packed, out_features, variant), expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.fixture
