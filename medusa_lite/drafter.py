@@ -271,6 +271,11 @@ class SequentialDrafter(
         if unused:
             raise TypeError(f"SequentialDrafter.from_pretrained got unexpected arguments {sorted(unused)}")
         source = resolve_source(pretrained_model_name_or_path, DRAFTER_WHAT, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only)
+        return cls.from_source(source, map_location=map_location)
+
+    @classmethod
+    def from_source(cls, source, *, map_location: str | torch.device = "cpu") -> "SequentialDrafter":
+        """Load a drafter from a resolved :class:`~medusa_lite.resolve.ArtifactSource` (strictly)."""
         drafter = cls(read_drafter_config(heads_file(source, CONFIG_NAME)))
         drafter.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
         return drafter
@@ -312,6 +317,11 @@ def read_drafter_config(path: Path) -> DrafterConfig:
 def config_kind(path: Path) -> str | None:
     """The ``kind`` a config.json records: :data:`DRAFTER_KIND` for a drafter, None for Medusa heads."""
     return read_config_values(path).get("kind")
+
+
+def holds_drafter(source) -> bool:
+    """Whether a resolved artifact (:class:`~medusa_lite.resolve.ArtifactSource`) holds a sequential drafter, not Medusa heads."""
+    return config_kind(heads_file(source, CONFIG_NAME)) == DRAFTER_KIND
 
 
 # -- attention -----------------------------------------------------------------------------------
