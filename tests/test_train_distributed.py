@@ -17,8 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from medusa_lite import MedusaHeads
+from medusa_lite.training import checkpoint as ckpt
 import training_fixtures
 from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv
 
@@ -80,32 +83,60 @@ def test_deepspeed_zero_produces_loadable_heads(tiny_target, pattern_data, tmp_p
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000010", "step-00000020"]
 
 
-def test_resume_after_kill_9_finishes_with_the_right_step_count(tiny_target, pattern_data, tmp_path):
-    out = tmp_path / "out"
-    argv = [sys.executable, str(TRAIN_SCRIPT), *tiny_argv(tiny_target, pattern_data, out, max_steps=40, checkpoint_every=10)]
-    first_checkpoint = out / "checkpoints" / "step-00000010" / "COMPLETE"
-    process = subprocess.Popen(argv + ["--debug_step_sleep_s", "0.3"], cwd=REPO_ROOT, env=subprocess_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 120
-        while not first_checkpoint.exists():
-            assert process.poll() is None, "the run ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within 120 s"
-            time.sleep(0.05)
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(timeout=30)
-    finally:
-        if process.poll() is None:
-            process.kill()
+def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while text not in (log.read_text() if log.exists() else ""):
+        assert process.poll() is None, f"the run ended before printing {text!r}:\n{log.read_text()[-3000:]}"
+        assert time.monotonic() < deadline, f"no {text!r} within {timeout_s} s"
+        time.sleep(0.05)
+
+
+def heads_tensors(folder: Path) -> dict:
+    return load_file(folder / "heads" / "model.safetensors")
+
+
+def test_kill_9_mid_checkpoint_write_then_resume_gives_the_uninterrupted_weights(tiny_target, pattern_data, tmp_path):
+    """kill -9 while step 20's checkpoint is half written; --resume restarts from step 10 and ends
+    with exactly the weights of a run that was never interrupted."""
+    killed, uninterrupted = tmp_path / "killed", tmp_path / "uninterrupted"
+
+    def argv(out: Path) -> list[str]:
+        return [sys.executable, str(TRAIN_SCRIPT), *tiny_argv(tiny_target, pattern_data, out, max_steps=40, checkpoint_every=10)]
+
+    checkpoints = killed / "checkpoints"
+    half_written = checkpoints / f"{ckpt.TEMP_PREFIX}{ckpt.step_dir_name(20)}"
+    log = tmp_path / "killed.log"
+    env = {**subprocess_env(), ckpt.DEBUG_STALL_ENV: f"20:{LAUNCH_TIMEOUT_S}"}
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(argv(killed), cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        try:
+            wait_for_line(log, f"debug: stalling {LAUNCH_TIMEOUT_S} s in the middle of writing", process, 180)
+            # The precondition: the kill lands inside the write of step 20 (state saved, no step file, no marker).
+            assert sorted(p.name for p in half_written.iterdir()) and not ckpt.is_complete(half_written)
+            assert not (half_written / ckpt.STATE_NAME).exists() and not (half_written / ckpt.COMPLETE_MARKER).exists()
+            assert [step for step, _ in ckpt.complete_checkpoints(checkpoints)] == [10]
+            os.kill(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        finally:
+            if process.poll() is None:
+                process.kill()
     assert process.returncode == -signal.SIGKILL
-    assert not (out / "heads").exists(), "the killed run must not have finished"
-    done = subprocess.run(argv + ["--resume"], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert half_written.is_dir() and not (killed / "heads").exists(), "the killed run must have stopped mid-write"
+
+    done = subprocess.run(argv(killed) + ["--resume"], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-3000:]
-    resumed_at = int(re.search(r"resuming from \S+step-(\d+) at step (\d+)/40", done.stdout).group(2))
-    assert resumed_at >= 10
-    summary = MedusaHeads.from_pretrained(out / "heads").config.training_summary
-    assert summary["steps"] == 40
-    state = (out / "checkpoints" / "step-00000040" / "trainer_state.json").read_text()
-    assert '"step": 40' in state
+    assert f"removed an incomplete checkpoint (interrupted write): {half_written}" in done.stdout
+    assert re.search(r"resuming from \S+step-00000010 at step 10/40", done.stdout), done.stdout[-2000:]
+    assert not half_written.exists()
+    reference = subprocess.run(argv(uninterrupted), cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+
+    resumed, expected = heads_tensors(killed), heads_tensors(uninterrupted)
+    assert resumed.keys() == expected.keys()
+    different = [name for name in expected if not torch.equal(resumed[name], expected[name])]
+    assert not different, f"the resumed run's weights differ from the uninterrupted run's: {different}"
+    assert MedusaHeads.from_pretrained(killed / "heads").config.training_summary["steps"] == 40
+    assert ckpt.read_state(checkpoints / ckpt.step_dir_name(40))["step"] == 40
 
 
 def test_push_to_hub_uploads_the_trained_heads_byte_identical(tiny_target, pattern_data, tmp_path):

@@ -6,6 +6,11 @@ step and data position), every file is fsynced, a ``COMPLETE`` marker is written
 the folder renamed to ``checkpoints/step-XXXXXXXX`` (an atomic rename on one filesystem). A run
 killed at any moment therefore leaves either a complete checkpoint or a ``.tmp-`` folder, which
 resuming ignores (and removes). The last ``keep`` complete checkpoints are kept.
+
+Debugging aid: with ``MEDUSA_LITE_DEBUG_STALL_CHECKPOINT=<step>:<seconds>`` in the environment the
+main process sleeps that long in the middle of writing that step's checkpoint (the trainable
+state saved, the step file and ``COMPLETE`` not yet), after saying so on stderr, so that a test
+can kill it mid-write.
 """
 
 from __future__ import annotations
@@ -14,6 +19,8 @@ import json
 import os
 import re
 import shutil
+import sys
+import time
 from pathlib import Path
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -22,6 +29,7 @@ TEMP_PREFIX = ".tmp-"
 COMPLETE_MARKER = "COMPLETE"
 STATE_NAME = "trainer_state.json"
 STEP_PATTERN = re.compile(r"^step-(\d{8})$")
+DEBUG_STALL_ENV = "MEDUSA_LITE_DEBUG_STALL_CHECKPOINT"
 
 
 def step_dir_name(step: int) -> str:
@@ -83,6 +91,17 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def debug_stall_mid_write(step: int, temp: Path) -> None:
+    """Sleep inside this checkpoint's write when ``DEBUG_STALL_ENV`` names its step (see the module docstring)."""
+    value = os.environ.get(DEBUG_STALL_ENV)
+    if not value:
+        return
+    stall_step, _, seconds = value.partition(":")
+    if int(stall_step) == step:
+        print(f"debug: stalling {seconds} s in the middle of writing {temp}", file=sys.stderr, flush=True)
+        time.sleep(float(seconds))
+
+
 def save_checkpoint(accelerator, root: Path, step: int, state: dict, keep: int, **save_kwargs) -> Path:
     """Collective: every rank calls it. Returns the final folder."""
     final = root / step_dir_name(step)
@@ -95,6 +114,7 @@ def save_checkpoint(accelerator, root: Path, step: int, state: dict, keep: int, 
     accelerator.save_state(str(temp), **save_kwargs)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
+        debug_stall_mid_write(step, temp)
         (temp / STATE_NAME).write_text(json.dumps(state, indent=2))
         fsync_tree(temp)
         marker = temp / COMPLETE_MARKER
