@@ -26,7 +26,7 @@ import torch
 
 from common import OUTPUTS, REPO_ROOT
 from lookup_policy_replay import CONTINUATIONS, MAX_NEW_TOKENS
-from medusa_lite.cli import set_threads
+from medusa_lite.commands.options import set_threads
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.dynamic_tree import DynamicTree, chain_ranks
 from medusa_lite.generate import (

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from common import GREEDY, SPEC_BENCH_QUESTIONS, read_questions, stratified_subset
-from medusa_lite.cli import chat_input_ids, plain_generate, set_threads
+from medusa_lite.commands.options import set_threads
+from medusa_lite.measure import chat_input_ids, plain_generate
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.loading import load_target
 from medusa_lite.model import MedusaModel

@@ -32,7 +32,7 @@ import yaml
 
 from common import HEADS_CONFIG, OUTPUTS, REPO_ROOT, random_prefix, timed_step
 from medusa_lite.cache import reserved_cache
-from medusa_lite.cli import set_threads
+from medusa_lite.commands.options import set_threads
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, accepted_path, generate, lookup_chain, tree_tokens
 from medusa_lite.loading import DEFAULT_HEADS_DIR, load

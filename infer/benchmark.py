@@ -58,7 +58,8 @@ import torch
 from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
 from tqdm import tqdm
 
-from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, prepack_choice, set_threads, timed
+from medusa_lite.commands.options import EXIT_USAGE_ERROR, prepack_choice, set_threads
+from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, timed
 from medusa_lite.errors import MedusaError
 from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate

@@ -43,7 +43,8 @@ from tqdm import tqdm
 from transformers import Cache
 
 from medusa_lite.cache import reserved_cache
-from medusa_lite.cli import EXIT_USAGE_ERROR, chat_input_ids, machine_info, plain_generate, set_threads
+from medusa_lite.commands.options import EXIT_USAGE_ERROR, set_threads
+from medusa_lite.measure import chat_input_ids, machine_info, plain_generate
 from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST, DynamicTree, row_costs_from_table
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import accepted_path, propose

@@ -18,7 +18,8 @@ from collections.abc import Sequence
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from medusa_lite.cli import plain_generate, set_threads, timed
+from medusa_lite.commands.options import set_threads
+from medusa_lite.measure import plain_generate, timed
 from medusa_lite.generate import generate
 from medusa_lite.loading import DTYPES, load, tree_of
 from medusa_lite.model import MedusaModel

@@ -1,6 +1,7 @@
 """``medusa-lite`` / ``python -m medusa_lite``: generate from a prompt, streaming text as it is accepted.
 
     medusa-lite --prompt "Why is the sky blue?"              # default model + shipped heads
+    medusa-lite generate --prompt "..."                       # the same: generate is the default
     medusa-lite --prompt "..." --compare                      # also time plain model.generate
     medusa-lite --model path/or/hub-id --heads heads/folder --prompt "..." --temperature 0.7
 
@@ -9,114 +10,49 @@ comes a summary line: new tokens, tokens/s, mean accepted tokens per target call
 calls, prefill included: plain decoding scores 1.00). ``--compare`` then runs plain
 ``model.generate`` with the same settings, prints its tokens/s, the speed-up, and (greedy)
 whether both outputs are token-identical. Both are warmed up first so neither pays first-call costs.
+
+The other subcommands (``medusa-lite SUBCOMMAND --help``) live in :mod:`medusa_lite.commands`:
+``train`` (also ``accelerate launch train/train_heads.py``), ``distill`` (a training set from the
+target itself), ``build-datastore``, ``push`` (heads to the Hub).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
+import importlib
 import sys
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
-import transformers
 from transformers import TextStreamer
 
+from medusa_lite.commands.options import EXIT_USAGE_ERROR, prepack_choice, set_threads
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
-from medusa_lite.kernels import cpu_capability, kernel_path
+from medusa_lite.kernels import kernel_path
 from medusa_lite.loading import DTYPES, load, tree_of
-from medusa_lite.prepack import prepack_backend, prepacked_rows
+from medusa_lite.measure import TimedRun, chat_input_ids, plain_generate, timed
 from medusa_lite.sampling import SamplingSettings
 
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 DEFAULT_MAX_NEW_TOKENS = 256
 WARMUP_TOKENS = 8
-EXIT_USAGE_ERROR = 2
-
-
-# -- helpers shared with infer/ ----------------------------------------------------------------
-def chat_input_ids(tokenizer, prompt: str, *, raw: bool = False) -> torch.Tensor:
-    """Token ids [1, L] of a one-turn chat (the tokenizer's template), or of ``prompt`` as is."""
-    if raw or not getattr(tokenizer, "chat_template", None):
-        return tokenizer(prompt, return_tensors="pt").input_ids
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-
-
-def plain_generate(base_model, input_ids: torch.Tensor, max_new_tokens: int, settings: SamplingSettings, **extra) -> torch.Tensor:
-    """New tokens [n] of plain ``model.generate`` with the same sampling settings as medusa-lite."""
-    sampling = {"do_sample": False}
-    if not settings.greedy:
-        sampling = {"do_sample": True, "temperature": settings.temperature, "top_k": settings.top_k or 0, "top_p": settings.top_p or 1.0}
-    pad = base_model.generation_config.pad_token_id
-    eos = base_model.generation_config.eos_token_id
-    out = base_model.generate(
-        input_ids,
-        attention_mask=torch.ones_like(input_ids),
-        max_new_tokens=max_new_tokens,
-        pad_token_id=pad if pad is not None else eos if isinstance(eos, int) else 0,
-        **sampling,
-        **extra,
-    )
-    return out[0, input_ids.shape[1] :]
-
-
-def timed(function: Callable[[], object]) -> tuple[object, float]:
-    """(result, seconds of wall time)."""
-    start = time.perf_counter()
-    result = function()
-    return result, time.perf_counter() - start
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (Linux), else what the platform module knows."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_info(dtype: torch.dtype, model: torch.nn.Module | None = None) -> dict:
-    """Where and how a measurement ran, to store next to it; with ``model``, also its ``prepacked_rows``."""
-    info = {
-        "cpu": cpu_model(),
-        "cpu_capability": cpu_capability(),
-        "kernel": kernel_path().as_dict(),
-        "torch_threads": torch.get_num_threads(),
-        "dtype": str(dtype).removeprefix("torch."),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "platform": platform.platform(),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-    if model is not None:
-        info["prepacked_rows"] = prepacked_rows(model)  # None: linear weights not pre-packed
-        info["prepack_backend"] = prepack_backend(model)
-    return info
-
-
-def prepack_choice(args: argparse.Namespace) -> bool | None:
-    """``load``'s ``prepack`` for a command's ``--no-prepack`` flag: False, else None (automatic)."""
-    return False if args.no_prepack else None
-
-
-def set_threads(threads: int | None) -> None:
-    if threads:
-        torch.set_num_threads(threads)
+GENERATE = "generate"
+SUBCOMMANDS = {  # name -> module with build_parser() and command(argv); imported only when run
+    "build-datastore": "medusa_lite.commands.build_datastore",
+    "distill": "medusa_lite.commands.distill",
+    "push": "medusa_lite.commands.push",
+    "train": "medusa_lite.commands.train",
+}
 
 
 # -- the command -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medusa-lite", description="Generate with exact Medusa speculative decoding.")
+    parser = argparse.ArgumentParser(
+        prog="medusa-lite",
+        description="Generate with exact Medusa speculative decoding (the default subcommand, also `medusa-lite generate`).",
+        epilog=f"other subcommands: {', '.join(SUBCOMMANDS)} (`medusa-lite SUBCOMMAND --help`)",
+    )
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message (default: a demo question)")
     parser.add_argument("--model", default=None, help="HF model folder or Hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--heads", default=None, help="Medusa heads folder or Hub repo (default: the shipped heads)")
@@ -143,17 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@dataclass
-class Run:
-    tokens: torch.Tensor  # new tokens
-    seconds: float
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens.numel() / self.seconds if self.seconds else 0.0
-
-
-def summary_line(run: Run, mean_accepted: float, tree: str, dtype: str) -> str:
+def summary_line(run: TimedRun, mean_accepted: float, tree: str, dtype: str) -> str:
     return (
         f"[medusa-lite] {run.tokens.numel()} new tokens in {run.seconds:.2f} s: {run.tokens_per_second:.1f} tokens/s, "
         f"{mean_accepted:.2f} mean accepted tokens per target call ({tree}, {dtype}, {torch.get_num_threads()} threads; "
@@ -161,7 +87,7 @@ def summary_line(run: Run, mean_accepted: float, tree: str, dtype: str) -> str:
     )
 
 
-def compare_line(medusa: Run, plain: Run, greedy: bool) -> str:
+def compare_line(medusa: TimedRun, plain: TimedRun, greedy: bool) -> str:
     speedup = medusa.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else 0.0
     identical = ("yes" if torch.equal(medusa.tokens, plain.tokens) else "NO") if greedy else "n/a (sampling)"
     return (
@@ -202,18 +128,32 @@ def run(args: argparse.Namespace) -> None:
         plain_run(WARMUP_TOKENS)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     output, seconds = timed(lambda: medusa_run(args.max_new_tokens, streamer))
-    medusa = Run(output.sequences[0, input_ids.shape[1] :], seconds)
+    medusa = TimedRun(output.sequences[0, input_ids.shape[1] :], seconds)
     print(summary_line(medusa, output.stats.mean_accepted_tokens, tree.describe(), str(model.base_model.dtype).removeprefix("torch.")), flush=True)
     if args.compare:
         tokens, seconds = timed(lambda: plain_run(args.max_new_tokens))
-        print(compare_line(medusa, Run(tokens, seconds), settings.greedy), flush=True)
+        print(compare_line(medusa, TimedRun(tokens, seconds), settings.greedy), flush=True)
+
+
+def generate_command(argv: Sequence[str]) -> int:
+    run(build_parser().parse_args(argv))
+    return 0
+
+
+def split_command(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """(subcommand, its arguments): ``generate`` when the first argument names no subcommand."""
+    if argv and argv[0] in (GENERATE, *SUBCOMMANDS):
+        return argv[0], list(argv[1:])
+    return GENERATE, list(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """``medusa-lite [SUBCOMMAND] ...``: run the subcommand; a clear error and exit status 2 on a ``MedusaError``."""
+    name, arguments = split_command(sys.argv[1:] if argv is None else argv)
+    command = generate_command if name == GENERATE else importlib.import_module(SUBCOMMANDS[name]).command
     try:
-        run(args)
+        return command(arguments)
     except MedusaError as error:
-        print(f"medusa-lite: error: {error}", file=sys.stderr)
+        prog = "medusa-lite" if name == GENERATE else f"medusa-lite {name}"
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_USAGE_ERROR
-    return 0

@@ -125,7 +125,7 @@ class Datastore:
     def check_fits(self, vocab_size: int) -> None:
         """Raise unless the datastore was built for a model with ``vocab_size`` ids."""
         if self.vocab_size != vocab_size:
-            raise DatastoreError(f"the datastore was built for a vocabulary of {self.vocab_size} ids, the model has {vocab_size}: build one for this model (train/build_datastore.py)")
+            raise DatastoreError(f"the datastore was built for a vocabulary of {self.vocab_size} ids, the model has {vocab_size}: build one for this model (medusa-lite build-datastore)")
 
 
 def max_packed_ngram(vocab_size: int) -> int:

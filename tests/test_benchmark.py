@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
-from test_cli import import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import import_infer_script, save_tiny_checkpoint
 
 from medusa_lite import DynamicTree, Tree
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore

@@ -6,14 +6,14 @@ import json
 
 import pytest
 import torch
-from test_cli import NUM_HEADS, TOPK_ACCURACY, import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import NUM_HEADS, TOPK_ACCURACY, import_infer_script, save_tiny_checkpoint
 from tiny_models import OracleMedusaModel, random_heads, tiny_base_model
 from transformers import DynamicCache
 
 from medusa_lite import DynamicTree, MedusaModel
-from medusa_lite.cli import plain_generate
 from medusa_lite.costs import step_costs
 from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST
+from medusa_lite.measure import plain_generate
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.loading import load, read_tree_file, verification_rows
 from medusa_lite.kernels import row_gemm_available

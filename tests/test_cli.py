@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
@@ -11,47 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_models import tiny_base_model
+from tiny_checkpoint import NUM_HEADS, TOPK_ACCURACY, save_tiny_checkpoint
 from transformers import TextStreamer
-from tiny_tokenizer import make_tiny_tokenizer
 
 from medusa_lite import MedusaModel, default_tree
 from medusa_lite.attention import TREE_SDPA
-from medusa_lite.cli import chat_input_ids, main
+from medusa_lite.cli import main
 from medusa_lite.errors import TreeError
 from medusa_lite.loading import MissingHeadsError, default_tree_for, load, read_tree_file, tree_of, write_tree_file
+from medusa_lite.measure import chat_input_ids
 from medusa_lite.tree import Tree, best_tree
 
-NUM_HEADS = 3
-TOPK_ACCURACY = [[0.6, 0.2, 0.1], [0.4, 0.15, 0.1], [0.3, 0.1, 0.05]]
 PROMPT = "Why is the sky blue?"
-INFER_DIR = Path(__file__).resolve().parent.parent / "infer"
-
-
-def save_tiny_checkpoint(folder: Path, *, training_summary: dict | None = None) -> tuple[Path, Path]:
-    """A tiny llama + ChatML tokenizer in ``folder/model``, fresh (identity) heads in ``folder/heads``.
-
-    Fresh heads guess the target's own next token, which a tiny random model often repeats, so
-    some guesses are accepted and the acceptance path is exercised.
-    """
-    tokenizer = make_tiny_tokenizer()
-    base = tiny_base_model(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, logit_scale=4.0)
-    base.save_pretrained(folder / "model")
-    tokenizer.save_pretrained(folder / "model")
-    heads = MedusaModel.with_new_heads(base, NUM_HEADS).heads
-    heads.config.training_summary = dict(training_summary or {})
-    heads.save_pretrained(folder / "heads")
-    return folder / "model", folder / "heads"
-
-
-def import_infer_script(name: str):
-    """Import ``infer/<name>.py`` (a script folder, not a package) as module ``infer_<name>``."""
-    path = INFER_DIR / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"infer_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")

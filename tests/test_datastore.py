@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_cli import save_tiny_checkpoint
+from tiny_checkpoint import save_tiny_checkpoint
 from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import MedusaModel, generate
@@ -91,7 +91,7 @@ def test_bad_files_and_data_are_clear_errors(tmp_path):
 
 # -- decoding ------------------------------------------------------------------------------------
 def own_answers(base, prompts: list[torch.Tensor]) -> Datastore:
-    """A datastore of the target's own greedy answers, as train/build_datastore.py makes from self-distilled data."""
+    """A datastore of the target's own greedy answers, as medusa-lite build-datastore makes from self-distilled data."""
     return Datastore.from_documents([plain_greedy(base, prompt, MAX_NEW_TOKENS)[0, prompt.shape[1] :] for prompt in prompts], VOCAB)
 
 

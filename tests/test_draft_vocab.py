@@ -9,7 +9,6 @@ to end tiny training run (live and cached hidden states).
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 import torch
@@ -17,6 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from medusa_lite import DraftVocabError, HeadsFileError, MedusaConfig, MedusaHeads, MedusaModel, TreeError, generate
+from medusa_lite.commands import train as train_heads
 from medusa_lite.heads import DRAFT_IDS_NAME, DraftLMHead
 from medusa_lite.training.config import config_from_dict, load_config
 from medusa_lite.training.data import Sample
@@ -26,10 +26,8 @@ from medusa_lite.training.losses import IGNORE, OUT_OF_DRAFT, HeadStats, head_lo
 from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective, heads_logits
 from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
 import training_fixtures
-from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, tiny_argv
+from training_fixtures import REPO_ROOT, tiny_argv
 
-sys.path.insert(0, str(TRAIN_SCRIPT.parent))
-import train_heads  # noqa: E402
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
 tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread

@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 
 import pytest
 import torch
-
-from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel, SamplingSettings, Tree, generate
-from medusa_lite.errors import HeadsFileError
-from medusa_lite.training.losses import gather_rows
-from test_sampling_exact import ALPHA, NUM_SAMPLES, PARTIAL_TREE, chi_square_p_value, exact_distribution, sample_counts
-from tiny_models import FAMILIES, NextTokenOracle, plain_greedy, random_heads, tiny_base_model
 import training_fixtures
+from exact_distribution import ALPHA, NUM_SAMPLES, PARTIAL_TREE, chi_square_p_value, exact_distribution, sample_counts
+from tiny_models import FAMILIES, NextTokenOracle, plain_greedy, random_heads, tiny_base_model
 from training_fixtures import CYCLE, QUESTIONS, tiny_argv, write_records
 
-sys.path.insert(0, str(training_fixtures.TRAIN_SCRIPT.parent))
-import train_heads  # noqa: E402
+from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel, SamplingSettings, Tree, generate
+from medusa_lite.commands import train as train_heads
+from medusa_lite.errors import HeadsFileError
+from medusa_lite.training.losses import gather_rows
 
 tiny_target, single_thread = training_fixtures.tiny_target, training_fixtures.single_thread
 

@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from test_cli import save_tiny_checkpoint
+from tiny_checkpoint import save_tiny_checkpoint
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TIMEOUT_SECONDS = 300
@@ -40,7 +40,7 @@ def test_quickstart_runs_on_a_tiny_model(tmp_path):
 
 @pytest.mark.slow
 def test_train_heads_notebook_runs_end_to_end_on_a_tiny_model(tmp_path):
-    from test_self_distill import make_chatty_model
+    from tiny_models import make_chatty_model
     from tiny_tokenizer import make_tiny_tokenizer
 
     tokenizer = make_tiny_tokenizer()

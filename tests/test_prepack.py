@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from test_cli import import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import import_infer_script, save_tiny_checkpoint
 import training_fixtures
 from tiny_models import TINY_SIZES, plain_greedy, random_heads, tiny_base_model
 from torch import nn
@@ -18,7 +18,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 import medusa_lite.prepack
 from medusa_lite import MedusaError, MedusaModel, Tree, UnsupportedModelError, generate
-from medusa_lite.cli import build_parser, machine_info, main, prepack_choice
+from medusa_lite.cli import build_parser, main
+from medusa_lite.commands.options import prepack_choice
+from medusa_lite.measure import machine_info
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import DraftLMHead
 from medusa_lite.loading import load

@@ -18,18 +18,22 @@ from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, Tree, genera
 from medusa_lite.datastore import Datastore
 from medusa_lite.generate import accepted_path
 from medusa_lite.sampling import pick_tokens
+from exact_distribution import (
+    ALPHA,
+    NEW_TOKENS,
+    NUM_SAMPLES,
+    PARTIAL_TREE,
+    PROMPT,
+    VOCAB,
+    chi_square_p_value,
+    exact_distribution,
+    sample_counts,
+)
 from tiny_models import random_heads, tiny_base_model
 
-VOCAB = 3
-NEW_TOKENS = 4
-NUM_SAMPLES = 3000
-ALPHA = 1e-3
-MIN_EXPECTED = 5.0
 # Sharp enough to make outcomes unequal, flat enough that most of the 81 bins are populated.
 LOGIT_SCALE = 5.0
-PROMPT = torch.tensor([[0, 2, 1]])
 FULL_TREE = Tree.from_paths([p for depth in (1, 2) for p in itertools.product(range(VOCAB), repeat=depth)])
-PARTIAL_TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
 NO_TREE = Tree.from_paths([])
 # Up to 6 nodes, each row 0.05 dearer, a node kept when its path is > 2.5% likely: shapes vary per step.
 DYNAMIC_TREE = DynamicTree(6, tuple(1.0 + 0.05 * rows for rows in range(16)), tokens_per_cost=0.5)
@@ -39,51 +43,6 @@ DYNAMIC_TREE = DynamicTree(6, tuple(1.0 + 0.05 * rows for rows in range(16)), to
 def model():
     base = tiny_base_model("llama", vocab_size=VOCAB, seed=42, logit_scale=LOGIT_SCALE)
     return MedusaModel(base, random_heads(base, num_heads=3, seed=43))
-
-
-def exact_distribution(base, settings: SamplingSettings) -> dict[tuple[int, ...], float]:
-    """P(first NEW_TOKENS tokens) by enumerating every continuation with full forwards."""
-    probs = {(): 1.0}
-    for _ in range(NEW_TOKENS):
-        prefixes = list(probs)
-        batch = torch.cat([PROMPT.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], dim=1)
-        with torch.no_grad():
-            next_probs = logits_to_probs(base(batch).logits[:, -1], settings)
-        probs = {prefix + (t,): probs[prefix] * float(next_probs[i, t]) for i, prefix in enumerate(prefixes) for t in range(VOCAB)}
-    return probs
-
-
-def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
-    """Pearson chi-square p-value, merging bins whose expected count is below MIN_EXPECTED."""
-    observed, expected, pooled_observed, pooled_expected = [], [], 0.0, 0.0
-    for outcome, p in expected_probs.items():
-        if n * p < MIN_EXPECTED:
-            pooled_observed += counts.get(outcome, 0)
-            pooled_expected += n * p
-        else:
-            observed.append(counts.get(outcome, 0))
-            expected.append(n * p)
-    if pooled_expected > 0:
-        observed.append(pooled_observed)
-        expected.append(pooled_expected)
-    assert sum(observed) == n, "a sample fell outside the enumerated outcomes"
-    o, e = torch.tensor(observed, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
-    statistic = ((o - e) ** 2 / e).sum()
-    degrees = len(observed) - 1
-    return float(torch.special.gammaincc(torch.tensor(degrees / 2, dtype=torch.float64), statistic / 2))
-
-
-def sample_counts(model, settings, tree, n, seed, lookup_tokens=0, datastore=None):
-    generator = torch.Generator().manual_seed(seed)
-    counts = {}
-    for _ in range(n):
-        out = generate(
-            model, PROMPT, NEW_TOKENS, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-            tree=tree, lookup_tokens=lookup_tokens, datastore=datastore, generator=generator, eos_token_id=[],
-        )
-        outcome = tuple(out.sequences[0, PROMPT.shape[1]:].tolist())
-        counts[outcome] = counts.get(outcome, 0) + 1
-    return counts
 
 
 # Random documents: on 3 tokens every 2-gram occurs, so the datastore proposes whenever the text

@@ -3,67 +3,20 @@
 from __future__ import annotations
 
 import json
-import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaForCausalLM
 
+from medusa_lite.commands import distill as distill_command
+from medusa_lite.training import distill as self_distill
+from tiny_models import chatty_config, make_chatty_model
 from tiny_tokenizer import IM_END, IM_START, TINY_SYSTEM_PROMPT, make_tiny_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
-import self_distill  # noqa: E402
-
-HIDDEN_SIZE = 32
-STOP_PROBABILITY = 0.1  # chance per step that the "chatty" model ends its turn
-FAVOURITE_WORD_PROBABILITY = 0.3  # so that greedy answers are words, not an immediate stop
-DOMINANT_EMBEDDING_COMPONENT = 1.0
-MASKED_LOGIT = -30.0
 SMALL_SETTINGS = self_distill.DistillSettings(batch_size=4, max_prompt_tokens=16, max_new_tokens=6, seed=3)
 NUM_SAMPLES = 10
 TINY_MODEL_THREADS = 1  # a tiny model gains nothing from threads and loses a lot on a busy machine
-
-
-def tiny_config(tokenizer) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=HIDDEN_SIZE, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=64,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-
-
-def word_token_ids(tokenizer) -> list[int]:
-    """Tokens that decode to a space followed by letters (byte-level BPE marks the space as Ġ)."""
-    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
-    return [i for i, token in enumerate(tokens) if token.startswith("Ġ") and token[1:].isalpha()]
-
-
-def chatty_next_token_logits(tokenizer) -> torch.Tensor:
-    """Log-probabilities: a favourite word, the end-of-turn token, the other words uniformly."""
-    favourite, *other_words = word_token_ids(tokenizer)
-    probs = torch.zeros(len(tokenizer))
-    probs[other_words] = (1 - FAVOURITE_WORD_PROBABILITY - STOP_PROBABILITY) / len(other_words)
-    probs[favourite] = FAVOURITE_WORD_PROBABILITY
-    probs[tokenizer.convert_tokens_to_ids(IM_END)] = STOP_PROBABILITY
-    return probs.log().clamp(min=MASKED_LOGIT)
-
-
-def make_chatty_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
-    """A tiny random Llama that writes words and ends its turn with probability ~10% per step.
-
-    A large shared component in every token embedding dominates the residual stream, so the
-    final hidden state is nearly constant and the lm_head column on that component sets the
-    next-token logits; the random weights still make them depend a little on the context.
-    """
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(tiny_config(tokenizer)).eval()
-    with torch.no_grad():
-        model.model.embed_tokens.weight[:, 0] += DOMINANT_EMBEDDING_COMPONENT
-        model.lm_head.weight[:, 0] = chatty_next_token_logits(tokenizer) / math.sqrt(HIDDEN_SIZE)
-    return model
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -100,7 +53,7 @@ def full_run(tmp_path_factory, model_dir):
 
 
 def run_main(model_dir: Path, out: Path, num_samples: int = NUM_SAMPLES) -> dict:
-    return self_distill.main([
+    return distill_command.main([
         "--model", str(model_dir), "--dtype", "float32", "--out", str(out),
         "--num-samples", str(num_samples), "--batch-size", str(SMALL_SETTINGS.batch_size),
         "--max-prompt-tokens", str(SMALL_SETTINGS.max_prompt_tokens),
@@ -176,7 +129,7 @@ def test_sampled_tokens_depend_on_the_record_seed_not_the_batch(tokenizer, chatt
 
 def test_left_padded_batch_matches_one_by_one(tokenizer):
     torch.manual_seed(1)
-    model = LlamaForCausalLM(tiny_config(tokenizer)).eval()
+    model = LlamaForCausalLM(chatty_config(tokenizer)).eval()
     prompts = [self_distill.chat_prompt_ids(tokenizer, q) for q in ["Hi", "How do birds know where to go?"]]
     stop_ids, pad_id = self_distill.end_of_turn_ids(tokenizer), tokenizer.pad_token_id
     batched = self_distill.generate_batch(model, prompts, 10, stop_ids, pad_id)
@@ -246,7 +199,7 @@ def test_resume_with_other_settings_is_refused(tmp_path, model_dir):
     out = tmp_path / "distill.jsonl"
     run_main(model_dir, out, num_samples=2)
     with pytest.raises(SystemExit, match="other settings"):
-        self_distill.main(["--model", str(model_dir), "--dtype", "float32", "--out", str(out),
+        distill_command.main(["--model", str(model_dir), "--dtype", "float32", "--out", str(out),
                            "--num-samples", "2", "--max-new-tokens", "5"])
 
 
@@ -272,20 +225,20 @@ def test_questions_start_with_their_opener_and_the_model_writes_the_rest(tokeniz
 def test_opener_file_and_resume_check(tmp_path, model_dir):
     openers_file = tmp_path / "openers.txt"
     openers_file.write_text("Summarize this:\\n\\n\n\nTranslate: \n")
-    assert self_distill.read_task_openers(str(openers_file)) == ("Summarize this:\n\n", "Translate: ")
-    assert self_distill.read_task_openers("default") == self_distill.TASK_OPENERS
+    assert distill_command.read_task_openers(str(openers_file)) == ("Summarize this:\n\n", "Translate: ")
+    assert distill_command.read_task_openers("default") == self_distill.TASK_OPENERS
     with pytest.raises(SystemExit, match="neither"):
-        self_distill.read_task_openers(str(tmp_path / "missing.txt"))
+        distill_command.read_task_openers(str(tmp_path / "missing.txt"))
     out = tmp_path / "tasks.jsonl"
 
     def argv(num_samples: int, openers: str) -> list[str]:
         return ["--model", str(model_dir), "--dtype", "float32", "--out", str(out), "--num-samples", str(num_samples),
                 "--batch-size", "2", "--max-new-tokens", "4", "--task-openers", openers]
 
-    self_distill.main(argv(2, str(openers_file)))
+    distill_command.main(argv(2, str(openers_file)))
     questions = [record["conversations"][0]["value"] for record in read_lines(out)]
     assert questions[0].startswith("Summarize this:") and questions[1].startswith("Translate:")
-    self_distill.main(argv(3, str(openers_file)))  # the same openers: resumes
+    distill_command.main(argv(3, str(openers_file)))  # the same openers: resumes
     assert len(read_lines(out)) == 3 and read_lines(out)[2]["conversations"][0]["value"].startswith("Summarize this:")
     with pytest.raises(SystemExit, match="other settings"):
-        self_distill.main(argv(4, "default"))
+        distill_command.main(argv(4, "default"))

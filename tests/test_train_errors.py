@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 import medusa_lite.training.checks as checks
 from medusa_lite import MedusaHeads
 from medusa_lite.errors import MedusaError
+from medusa_lite.commands import train as train_heads
 from medusa_lite.training.errors import (
     EmptyDatasetError,
     HiddenCacheError,
@@ -29,8 +30,6 @@ from medusa_lite.training.errors import (
 import training_fixtures
 from training_fixtures import TINY_CONFIG, TRAIN_SCRIPT, pattern_answer, save_tiny_target, tiny_argv, write_records
 
-sys.path.insert(0, str(TRAIN_SCRIPT.parent))
-import train_heads  # noqa: E402
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
 tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread

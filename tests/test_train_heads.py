@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 
 import medusa_lite.hub
 from medusa_lite import MedusaHeads, MedusaModel, load
+from medusa_lite.commands import train as train_heads
 from medusa_lite.training import load_trained
 from medusa_lite.training import loop
 from medusa_lite.training.data import TokenizedData, load_training_data
@@ -21,8 +22,6 @@ from tiny_tokenizer import TINY_VOCAB_SIZE
 import training_fixtures
 from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv, write_distinct_pattern_data, write_pattern_data
 
-sys.path.insert(0, str(TRAIN_SCRIPT.parent))
-import train_heads  # noqa: E402
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
 tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread

@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
 
 from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel
 from medusa_lite.attention import TREE_SDPA
+from tiny_tokenizer import IM_END
 
 TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
 FAMILIES = tuple(CONFIG_CLASSES)
+CHATTY_HIDDEN_SIZE = 32
+STOP_PROBABILITY = 0.1  # chance per step that the "chatty" model ends its turn
+FAVOURITE_WORD_PROBABILITY = 0.3  # so that greedy answers are words, not an immediate stop
+DOMINANT_EMBEDDING_COMPONENT = 1.0
+MASKED_LOGIT = -30.0
 
 
 def tiny_base_model(family: str = "llama", *, vocab_size: int = 128, seed: int = 0, logit_scale: float = 1.0, attn_implementation: str = TREE_SDPA, eos_token_id: int | None = None, **overrides):
@@ -143,3 +151,46 @@ class NextTokenOracle(OracleMedusaModel):
 def plain_greedy(base_model, prompt: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
     """The reference: transformers' own greedy generate (explicit mask: token 0 is not padding)."""
     return base_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+
+
+# -- a chatty model: writes words and ends its turn, for chat-data tests ------------------------
+
+
+def chatty_config(tokenizer) -> LlamaConfig:
+    return LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=CHATTY_HIDDEN_SIZE, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def word_token_ids(tokenizer) -> list[int]:
+    """Tokens that decode to a space followed by letters (byte-level BPE marks the space as Ġ)."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return [i for i, token in enumerate(tokens) if token.startswith("Ġ") and token[1:].isalpha()]
+
+
+def chatty_next_token_logits(tokenizer) -> torch.Tensor:
+    """Log-probabilities: a favourite word, the end-of-turn token, the other words uniformly."""
+    favourite, *other_words = word_token_ids(tokenizer)
+    probs = torch.zeros(len(tokenizer))
+    probs[other_words] = (1 - FAVOURITE_WORD_PROBABILITY - STOP_PROBABILITY) / len(other_words)
+    probs[favourite] = FAVOURITE_WORD_PROBABILITY
+    probs[tokenizer.convert_tokens_to_ids(IM_END)] = STOP_PROBABILITY
+    return probs.log().clamp(min=MASKED_LOGIT)
+
+
+def make_chatty_model(tokenizer, seed: int = 0) -> LlamaForCausalLM:
+    """A tiny random Llama that writes words and ends its turn with probability ~10% per step.
+
+    A large shared component in every token embedding dominates the residual stream, so the
+    final hidden state is nearly constant and the lm_head column on that component sets the
+    next-token logits; the random weights still make them depend a little on the context.
+    """
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(chatty_config(tokenizer)).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] += DOMINANT_EMBEDDING_COMPONENT
+        model.lm_head.weight[:, 0] = chatty_next_token_logits(tokenizer) / math.sqrt(CHATTY_HIDDEN_SIZE)
+    return model

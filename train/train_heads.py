@@ -1,45 +1,11 @@
-"""Train Medusa heads on a frozen causal LM.
+"""Train Medusa heads: the ``accelerate launch`` entry point of ``medusa-lite train`` (medusa_lite.commands.train).
 
     accelerate launch train/train_heads.py --config configs/smollm2_heads.yaml [--key value ...] [--resume] [--push_to_hub REPO]
-
-Any config key can be overridden on the command line (``--epochs 2``, ``--lora.r 16``); unknown
-keys are rejected. Writes ``<output_dir>/heads`` (``MedusaHeads.save_pretrained``: config.json
-with a ``training_summary`` + model.safetensors, and ``adapter/`` in Medusa-2 (``lora``) mode: the
-layout of medusa_lite/artifact.py), ``<output_dir>/checkpoints/step-*`` and ``<output_dir>/metrics.jsonl``.
-See medusa_lite/training/ for the pieces and README.md ("Training heads") for recipes.
 """
 
-from __future__ import annotations
-
-import argparse
 import sys
 
-from medusa_lite.errors import MedusaError
-from medusa_lite.training.config import load_config
-from medusa_lite.training.loop import TrainResult, train
-
-EXIT_USAGE = 2
-EXIT_PUSH_FAILED = 3
-
-
-def parse_args(argv: list[str] | None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Other --key value pairs override config keys.", allow_abbrev=False)
-    parser.add_argument("--config", help="YAML training config (configs/*.yaml)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in output_dir")
-    parser.add_argument("--push_to_hub", metavar="REPO", help="upload the trained heads to this Hub repo after saving")
-    return parser.parse_known_args(argv)
-
-
-def main(argv: list[str] | None = None) -> TrainResult:
-    args, overrides = parse_args(argv)
-    config = load_config(args.config, overrides)
-    return train(config, resume=args.resume, push_to_hub=args.push_to_hub)
-
+from medusa_lite.cli import main
 
 if __name__ == "__main__":
-    try:
-        result = main()
-    except MedusaError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
-    sys.exit(EXIT_PUSH_FAILED if result.push_error else 0)
+    sys.exit(main(["train", *sys.argv[1:]]))

@@ -1,4 +1,4 @@
-"""Build a head-training set from the target model itself, with no external data.
+"""A head-training set from the target model itself, with no external data (``medusa-lite distill``).
 
 1. Questions, Magpie-style: the model is fed only its chat template's system turn and the
    opening of a user turn (for SmolLM2 ``<|im_start|>system\\n...<|im_end|>\\n<|im_start|>user\\n``,
@@ -26,33 +26,24 @@ derived from ``--seed`` and the record's index, and batch ``b`` always holds rec
 ``[b*batch_size, (b+1)*batch_size)``, so an interrupted and resumed run writes the same records
 as an uninterrupted one (keep ``--batch-size`` unchanged across restarts for bit-identity).
 
-This script NEVER uses the Spec-Bench questions (``data/spec_bench/``) or any other
+This module NEVER uses the Spec-Bench questions (``data/spec_bench/``) or any other
 dataset: Spec-Bench is our benchmark, and training heads on it would leak the test set.
 
-Usage::
-
-    python train/self_distill.py --num-samples 3000 --batch-size 16 --max-new-tokens 192 \\
-        --out data/self_distill/smollm2_selfdistill.jsonl
-    # task-style user turns (the model writes the passage after the opener): longer prompts
-    python train/self_distill.py --task-openers default --max-prompt-tokens 320 --num-samples 2000 \\
-        --out data/self_distill/smollm2_tasks.jsonl
+Usage: ``medusa-lite distill --help`` (:mod:`medusa_lite.commands.distill`).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from tqdm import tqdm
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
-
-from medusa_lite.default_model import dtype_name, load_base_model
 
 SOURCE_TAG = "self-distill"
 HUMAN_ROLE, GPT_ROLE = "human", "gpt"
@@ -69,16 +60,12 @@ QUESTION_STREAM = 0
 RESPONSE_STREAM = 1
 GREEDY_TEMPERATURE = 0.0
 
-DEFAULT_NUM_SAMPLES = 3000
 DEFAULT_BATCH_SIZE = 16
 DEFAULT_MAX_PROMPT_TOKENS = 96
 DEFAULT_MAX_NEW_TOKENS = 192
 DEFAULT_SEED = 0
 DEFAULT_RESPONSE_TOP_P = 1.0
-DEFAULT_OUT = Path("data/self_distill/selfdistill.jsonl")
 SETTINGS_SUFFIX = ".settings.json"
-EPSILON_SECONDS = 1e-9  # avoids dividing by zero when there was nothing left to do
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 # Generic instruction types for --task-openers default; the model writes the rest of the message.
 TASK_OPENERS = (
     "Summarize the following text in a few sentences:\n\n",
@@ -451,82 +438,3 @@ def run_distillation(model, tokenizer, out: Path, num_samples: int, settings: Di
         next_index = batch_end
     progress.close()
     return stats
-
-
-# ---------------------------------------------------------------- command line
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="model folder or Hub id (default: the default model)")
-    parser.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES)
-    parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
-    parser.add_argument("--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS,
-                        help="longest generated question; longer ones are discarded")
-    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="longest response")
-    parser.add_argument("--response-temperature", type=float, default=GREEDY_TEMPERATURE,
-                        help="0 = greedy responses (default)")
-    parser.add_argument("--response-top-p", type=float, default=DEFAULT_RESPONSE_TOP_P)
-    parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=dtype_name(torch.bfloat16))
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--task-openers", default=None,
-                        help="'default' (the built-in TASK_OPENERS) or a text file, one opener per line "
-                             "(write \\n for a line break); user turns start with them in turn")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    return parser.parse_args(argv)
-
-
-def read_task_openers(source: str | None) -> tuple[str, ...]:
-    """The openers ``--task-openers`` names: none, the built-in list, or a file's non-empty lines."""
-    if source is None:
-        return ()
-    if source == "default":
-        return TASK_OPENERS
-    path = Path(source)
-    if not path.is_file():
-        raise SystemExit(f"--task-openers: {source} is neither 'default' nor a file")
-    openers = tuple(line.replace("\\n", "\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-    if not openers:
-        raise SystemExit(f"--task-openers: {source} holds no opener (one per line)")
-    return openers
-
-
-def settings_from_args(args: argparse.Namespace) -> DistillSettings:
-    return DistillSettings(
-        batch_size=args.batch_size,
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_new_tokens=args.max_new_tokens,
-        seed=args.seed,
-        response_temperature=args.response_temperature,
-        response_top_p=args.response_top_p,
-        task_openers=read_task_openers(args.task_openers),
-    )
-
-
-def main(argv: list[str] | None = None) -> dict:
-    args = parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    settings = settings_from_args(args)
-    model, tokenizer = load_base_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
-    run_settings = {"model": args.model or "default", "dtype": args.dtype, **asdict(settings)}
-    if settings.task_openers:
-        run_settings["task_openers"] = list(settings.task_openers)  # as JSON reads it back
-    else:  # absent = none: files started before openers existed still resume
-        del run_settings["task_openers"]
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    check_settings_file(args.out, run_settings)
-    stats = run_distillation(model, tokenizer, args.out, args.num_samples, settings)
-    seconds = max(stats["seconds"], EPSILON_SECONDS)
-    print(
-        f"wrote {stats['records']} records to {args.out} in {seconds:.1f} s "
-        f"(questions {stats['question_seconds']:.1f} s, answers {stats['answer_seconds']:.1f} s): "
-        f"{stats['records'] / seconds:.3f} samples/s, {stats['response_tokens'] / seconds:.1f} response tokens/s"
-    )
-    return stats
-
-
-if __name__ == "__main__":
-    main()

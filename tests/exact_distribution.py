@@ -1,0 +1,63 @@
+"""The exact distribution of a tiny target's first tokens and a chi-square test against it (sampling tests share it).
+
+On a 3-token vocabulary the exact distribution of the first 4 generated tokens (81 outcomes) is
+enumerated from the target with full forwards; samples are compared to it with Pearson's
+chi-square goodness-of-fit test, bins with expected count < 5 merged.
+"""
+
+import torch
+
+from medusa_lite import SamplingSettings, Tree, generate, logits_to_probs
+
+VOCAB = 3
+NEW_TOKENS = 4
+NUM_SAMPLES = 3000
+ALPHA = 1e-3
+MIN_EXPECTED = 5.0
+PROMPT = torch.tensor([[0, 2, 1]])
+PARTIAL_TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
+
+
+def exact_distribution(base, settings: SamplingSettings) -> dict[tuple[int, ...], float]:
+    """P(first NEW_TOKENS tokens) by enumerating every continuation with full forwards."""
+    probs = {(): 1.0}
+    for _ in range(NEW_TOKENS):
+        prefixes = list(probs)
+        batch = torch.cat([PROMPT.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], dim=1)
+        with torch.no_grad():
+            next_probs = logits_to_probs(base(batch).logits[:, -1], settings)
+        probs = {prefix + (t,): probs[prefix] * float(next_probs[i, t]) for i, prefix in enumerate(prefixes) for t in range(VOCAB)}
+    return probs
+
+
+def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
+    """Pearson chi-square p-value, merging bins whose expected count is below MIN_EXPECTED."""
+    observed, expected, pooled_observed, pooled_expected = [], [], 0.0, 0.0
+    for outcome, p in expected_probs.items():
+        if n * p < MIN_EXPECTED:
+            pooled_observed += counts.get(outcome, 0)
+            pooled_expected += n * p
+        else:
+            observed.append(counts.get(outcome, 0))
+            expected.append(n * p)
+    if pooled_expected > 0:
+        observed.append(pooled_observed)
+        expected.append(pooled_expected)
+    assert sum(observed) == n, "a sample fell outside the enumerated outcomes"
+    o, e = torch.tensor(observed, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
+    statistic = ((o - e) ** 2 / e).sum()
+    degrees = len(observed) - 1
+    return float(torch.special.gammaincc(torch.tensor(degrees / 2, dtype=torch.float64), statistic / 2))
+
+
+def sample_counts(model, settings, tree, n, seed, lookup_tokens=0, datastore=None):
+    generator = torch.Generator().manual_seed(seed)
+    counts = {}
+    for _ in range(n):
+        out = generate(
+            model, PROMPT, NEW_TOKENS, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+            tree=tree, lookup_tokens=lookup_tokens, datastore=datastore, generator=generator, eos_token_id=[],
+        )
+        outcome = tuple(out.sequences[0, PROMPT.shape[1]:].tolist())
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts

@@ -1,0 +1,41 @@
+"""A tiny random model, its tokenizer and fresh heads saved to disk, as the commands and ``load`` read them."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+from medusa_lite import MedusaModel
+from tiny_models import tiny_base_model
+from tiny_tokenizer import make_tiny_tokenizer
+
+NUM_HEADS = 3
+TOPK_ACCURACY = [[0.6, 0.2, 0.1], [0.4, 0.15, 0.1], [0.3, 0.1, 0.05]]
+INFER_DIR = Path(__file__).resolve().parent.parent / "infer"
+
+
+def save_tiny_checkpoint(folder: Path, *, training_summary: dict | None = None) -> tuple[Path, Path]:
+    """A tiny llama + ChatML tokenizer in ``folder/model``, fresh (identity) heads in ``folder/heads``.
+
+    Fresh heads guess the target's own next token, which a tiny random model often repeats, so
+    some guesses are accepted and the acceptance path is exercised.
+    """
+    tokenizer = make_tiny_tokenizer()
+    base = tiny_base_model(vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id, logit_scale=4.0)
+    base.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    heads = MedusaModel.with_new_heads(base, NUM_HEADS).heads
+    heads.config.training_summary = dict(training_summary or {})
+    heads.save_pretrained(folder / "heads")
+    return folder / "model", folder / "heads"
+
+
+def import_infer_script(name: str):
+    """Import ``infer/<name>.py`` (a script folder, not a package) as module ``infer_<name>``."""
+    path = INFER_DIR / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"infer_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
