@@ -44,12 +44,12 @@ stamp "self-distil for ${DISTILL_SECONDS}s: magpie seeds [$MAGPIE_SEEDS], task s
 pids=()  # a bare `wait` would also wait for the tee of the log
 common=(--dtype float32 --device "$DEVICE" --batch-size "$BATCH" --max-new-tokens 256 --num-samples 1000000)
 for seed in $MAGPIE_SEEDS; do
-  timeout --signal=INT "$DISTILL_SECONDS" python3 train/self_distill.py "${common[@]}" --seed "$seed" \
+  timeout --signal=INT "$DISTILL_SECONDS" python3 -m medusa_lite distill "${common[@]}" --seed "$seed" \
     --max-prompt-tokens 96 --out "$WORK/data/magpie_s$seed.jsonl" > "$WORK/magpie_s$seed.log" 2>&1 &
   pids+=($!)
 done
 for seed in $TASK_SEEDS; do
-  timeout --signal=INT "$DISTILL_SECONDS" python3 train/self_distill.py "${common[@]}" --seed "$seed" \
+  timeout --signal=INT "$DISTILL_SECONDS" python3 -m medusa_lite distill "${common[@]}" --seed "$seed" \
     --max-prompt-tokens 320 --task-openers data/self_distill/task_openers_v2.txt \
     --out "$WORK/data/tasks_s$seed.jsonl" > "$WORK/tasks_s$seed.log" 2>&1 &
   pids+=($!)

@@ -24,15 +24,24 @@ def chat_input_ids(tokenizer, prompt: str, *, raw: bool = False) -> torch.Tensor
     """Token ids [1, L] of a one-turn chat (the tokenizer's template), or of ``prompt`` as is."""
     if raw or not getattr(tokenizer, "chat_template", None):
         return tokenizer(prompt, return_tensors="pt").input_ids
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
 
 
-def plain_generate(base_model, input_ids: torch.Tensor, max_new_tokens: int, settings: SamplingSettings, **extra) -> torch.Tensor:
+def plain_generate(
+    base_model, input_ids: torch.Tensor, max_new_tokens: int, settings: SamplingSettings, **extra
+) -> torch.Tensor:
     """New tokens [n] of plain ``model.generate`` with the same sampling settings as medusa-lite."""
     sampling = {"do_sample": False}
     if not settings.greedy:
-        sampling = {"do_sample": True, "temperature": settings.temperature, "top_k": settings.top_k or 0, "top_p": settings.top_p or 1.0}
+        sampling = {
+            "do_sample": True,
+            "temperature": settings.temperature,
+            "top_k": settings.top_k or 0,
+            "top_p": settings.top_p or 1.0,
+        }
     pad = base_model.generation_config.pad_token_id
     eos = base_model.generation_config.eos_token_id
     out = base_model.generate(

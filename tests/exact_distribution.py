@@ -23,10 +23,16 @@ def exact_distribution(base, settings: SamplingSettings) -> dict[tuple[int, ...]
     probs = {(): 1.0}
     for _ in range(NEW_TOKENS):
         prefixes = list(probs)
-        batch = torch.cat([PROMPT.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], dim=1)
+        batch = torch.cat(
+            [PROMPT.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], dim=1
+        )
         with torch.no_grad():
             next_probs = logits_to_probs(base(batch).logits[:, -1], settings)
-        probs = {prefix + (t,): probs[prefix] * float(next_probs[i, t]) for i, prefix in enumerate(prefixes) for t in range(VOCAB)}
+        probs = {
+            prefix + (t,): probs[prefix] * float(next_probs[i, t])
+            for i, prefix in enumerate(prefixes)
+            for t in range(VOCAB)
+        }
     return probs
 
 
@@ -55,9 +61,18 @@ def sample_counts(model, settings, tree, n, seed, lookup_tokens=0, datastore=Non
     counts = {}
     for _ in range(n):
         out = generate(
-            model, PROMPT, NEW_TOKENS, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
-            tree=tree, lookup_tokens=lookup_tokens, datastore=datastore, generator=generator, eos_token_id=[],
+            model,
+            PROMPT,
+            NEW_TOKENS,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            tree=tree,
+            lookup_tokens=lookup_tokens,
+            datastore=datastore,
+            generator=generator,
+            eos_token_id=[],
         )
-        outcome = tuple(out.sequences[0, PROMPT.shape[1]:].tolist())
+        outcome = tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
         counts[outcome] = counts.get(outcome, 0) + 1
     return counts

@@ -7,7 +7,6 @@ from collections import Counter
 
 import pytest
 import torch
-
 from tiny_checkpoint import import_infer_script, save_tiny_checkpoint
 
 from medusa_lite import DynamicTree, Tree

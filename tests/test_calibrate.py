@@ -13,10 +13,10 @@ from transformers import DynamicCache
 from medusa_lite import DynamicTree, MedusaModel
 from medusa_lite.costs import step_costs
 from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST
-from medusa_lite.measure import plain_generate
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
-from medusa_lite.loading import load, read_tree_file, verification_rows
 from medusa_lite.kernels import row_gemm_available
+from medusa_lite.loading import load, read_tree_file, verification_rows
+from medusa_lite.measure import plain_generate
 from medusa_lite.prepack import MKL, mkl_packing_available, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree, best_tree, expected_accepted_tokens

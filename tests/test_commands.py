@@ -48,7 +48,10 @@ def test_generate_help_names_the_other_subcommands(capsys):
 
 
 def test_a_subcommand_error_is_a_clear_message_and_exit_status_2(tmp_path, capsys):
-    assert main(["build-datastore", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "d.safetensors")]) == 2
+    assert (
+        main(["build-datastore", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "d.safetensors")])
+        == 2
+    )
     err = capsys.readouterr().err
     assert err.startswith("medusa-lite build-datastore: error: ") and "missing.yaml" in err
 
@@ -110,14 +113,41 @@ def test_installed_package_runs_its_subcommands(tmp_path):
         else:
             shutil.copy2(REPO_ROOT / name, source / name)
     site = tmp_path / "site"
-    install = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index", "--target", str(site), str(source)]
+    install = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--no-build-isolation",
+        "--no-index",
+        "--target",
+        str(site),
+        str(source),
+    ]
     subprocess.run(install, check=True, capture_output=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(site)}
     modules = [*SUBCOMMANDS.values(), "medusa_lite.cli"]
     where = subprocess.run(
-        [sys.executable, "-c", f"import importlib; print(*(importlib.import_module(m).__file__ for m in {modules!r}))"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, check=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            f"import importlib; print(*(importlib.import_module(m).__file__ for m in {modules!r}))",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     assert all(Path(path).is_relative_to(site) for path in where.stdout.split()), where.stdout
-    done = subprocess.run([str(site / "bin" / "medusa-lite"), INSTALLED_CHECK, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [str(site / "bin" / "medusa-lite"), INSTALLED_CHECK, "--help"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and done.stdout.startswith(f"usage: medusa-lite {INSTALLED_CHECK}"), done.stderr

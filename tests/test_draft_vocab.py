@@ -13,7 +13,10 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
+import training_fixtures
 from safetensors.torch import load_file, save_file
+from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
+from training_fixtures import REPO_ROOT, tiny_argv
 
 from medusa_lite import DraftVocabError, HeadsFileError, MedusaConfig, MedusaHeads, MedusaModel, TreeError, generate
 from medusa_lite.commands import train as train_heads
@@ -24,10 +27,6 @@ from medusa_lite.training.draft_vocab import choose_draft_vocab, coverage, most_
 from medusa_lite.training.errors import TrainingConfigError, TrainingDataError
 from medusa_lite.training.losses import IGNORE, OUT_OF_DRAFT, HeadStats, head_loss, rank_hits, to_draft_targets
 from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective, heads_logits
-from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
-import training_fixtures
-from training_fixtures import REPO_ROOT, tiny_argv
-
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
 tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread

@@ -7,11 +7,12 @@ import json
 
 import pytest
 import torch
+from test_row_gemm import ROWS, SHAPES, assert_within_rounding
 
 import medusa_lite.kernels as kernels
 import medusa_lite.prepack as prepack
-from medusa_lite.cli import machine_info, summary_line, Run
-from test_row_gemm import ROWS, SHAPES, assert_within_rounding
+from medusa_lite.cli import summary_line
+from medusa_lite.measure import TimedRun, machine_info
 
 
 @pytest.fixture
@@ -105,7 +106,7 @@ def test_the_choice_is_what_results_and_the_summary_report(fresh_choice):
     info = machine_info(torch.float32)
     assert info["kernel"] == {"requested": "off", "variant": None, "reason": "turned off by MEDUSA_LITE_KERNEL"}
     assert info["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    line = summary_line(Run(torch.zeros(3, dtype=torch.long), 1.0), 1.5, "a tree", "float32")
+    line = summary_line(TimedRun(torch.zeros(3, dtype=torch.long), 1.0), 1.5, "a tree", "float32")
     assert line.endswith("kernel off (MEDUSA_LITE_KERNEL=off: turned off by MEDUSA_LITE_KERNEL))")
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import nbformat
 import pytest
 from nbclient import NotebookClient
-
 from tiny_checkpoint import save_tiny_checkpoint
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from tiny_checkpoint import import_infer_script, save_tiny_checkpoint
 import training_fixtures
+from tiny_checkpoint import import_infer_script, save_tiny_checkpoint
 from tiny_models import TINY_SIZES, plain_greedy, random_heads, tiny_base_model
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -20,11 +20,11 @@ import medusa_lite.prepack
 from medusa_lite import MedusaError, MedusaModel, Tree, UnsupportedModelError, generate
 from medusa_lite.cli import build_parser, main
 from medusa_lite.commands.options import prepack_choice
-from medusa_lite.measure import machine_info
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import DraftLMHead
-from medusa_lite.loading import load
 from medusa_lite.kernels import row_gemm_unavailable_reason
+from medusa_lite.loading import load
+from medusa_lite.measure import machine_info
 from medusa_lite.prepack import (
     BACKEND_MIN_ROWS,
     MIN_PREPACKED_ROWS,

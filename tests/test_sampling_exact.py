@@ -12,12 +12,6 @@ import itertools
 
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, Tree, generate, logits_to_probs
-from medusa_lite.datastore import Datastore
-from medusa_lite.generate import accepted_path
-from medusa_lite.sampling import pick_tokens
 from exact_distribution import (
     ALPHA,
     NEW_TOKENS,
@@ -30,6 +24,12 @@ from exact_distribution import (
     sample_counts,
 )
 from tiny_models import random_heads, tiny_base_model
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, Tree, generate, logits_to_probs
+from medusa_lite.datastore import Datastore
+from medusa_lite.generate import accepted_path
+from medusa_lite.sampling import pick_tokens
 
 # Sharp enough to make outcomes unequal, flat enough that most of the 81 bins are populated.
 LOGIT_SCALE = 5.0

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import chatty_config, make_chatty_model
+from tiny_tokenizer import IM_END, IM_START, TINY_SYSTEM_PROMPT, make_tiny_tokenizer
 from transformers import LlamaForCausalLM
 
 from medusa_lite.commands import distill as distill_command
 from medusa_lite.training import distill as self_distill
-from tiny_models import chatty_config, make_chatty_model
-from tiny_tokenizer import IM_END, IM_START, TINY_SYSTEM_PROMPT, make_tiny_tokenizer
 
 SMALL_SETTINGS = self_distill.DistillSettings(batch_size=4, max_prompt_tokens=16, max_new_tokens=6, seed=3)
 NUM_SAMPLES = 10

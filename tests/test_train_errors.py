@@ -10,12 +10,14 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import training_fixtures
 from safetensors.torch import load_file
+from training_fixtures import TINY_CONFIG, TRAIN_SCRIPT, pattern_answer, save_tiny_target, tiny_argv, write_records
 
 import medusa_lite.training.checks as checks
 from medusa_lite import MedusaHeads
-from medusa_lite.errors import MedusaError
 from medusa_lite.commands import train as train_heads
+from medusa_lite.errors import MedusaError
 from medusa_lite.training.errors import (
     EmptyDatasetError,
     HiddenCacheError,
@@ -27,9 +29,6 @@ from medusa_lite.training.errors import (
     TrainingConfigError,
     TrainingDataError,
 )
-import training_fixtures
-from training_fixtures import TINY_CONFIG, TRAIN_SCRIPT, pattern_answer, save_tiny_target, tiny_argv, write_records
-
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
 tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread

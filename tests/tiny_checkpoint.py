@@ -6,9 +6,10 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from medusa_lite import MedusaModel
 from tiny_models import tiny_base_model
 from tiny_tokenizer import make_tiny_tokenizer
+
+from medusa_lite import MedusaModel
 
 NUM_HEADS = 3
 TOPK_ACCURACY = [[0.6, 0.2, 0.1], [0.4, 0.15, 0.1], [0.3, 0.1, 0.05]]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 
 import torch
+from tiny_tokenizer import IM_END
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
 
 from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel
 from medusa_lite.attention import TREE_SDPA
-from tiny_tokenizer import IM_END
 
 TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}

@@ -23,7 +23,8 @@ BYTES_PER_MEGABYTE = 1e6
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="medusa-lite build-datastore", description="Build the datastore generate looks up guesses in, from head-training data."
+        prog="medusa-lite build-datastore",
+        description="Build the datastore generate looks up guesses in, from head-training data.",
     )
     parser.add_argument("--config", required=True, help="the heads' training config (configs/*.yaml)")
     parser.add_argument("--out", required=True, type=Path, help="where to write datastore.safetensors")

@@ -39,16 +39,22 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="medusa-lite distill", description="Build a head-training set from the target model itself, with no external data."
+        prog="medusa-lite distill",
+        description="Build a head-training set from the target model itself, with no external data.",
     )
     parser.add_argument("--model", default=None, help="model folder or Hub id (default: the default model)")
     parser.add_argument("--num-samples", type=int, default=DEFAULT_NUM_SAMPLES)
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     parser.add_argument(
-        "--max-prompt-tokens", type=int, default=DEFAULT_MAX_PROMPT_TOKENS, help="longest generated question; longer ones are discarded"
+        "--max-prompt-tokens",
+        type=int,
+        default=DEFAULT_MAX_PROMPT_TOKENS,
+        help="longest generated question; longer ones are discarded",
     )
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="longest response")
-    parser.add_argument("--response-temperature", type=float, default=GREEDY_TEMPERATURE, help="0 = greedy responses (default)")
+    parser.add_argument(
+        "--response-temperature", type=float, default=GREEDY_TEMPERATURE, help="0 = greedy responses (default)"
+    )
     parser.add_argument("--response-top-p", type=float, default=DEFAULT_RESPONSE_TOP_P)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
     parser.add_argument("--dtype", choices=sorted(DTYPES), default=dtype_name(torch.bfloat16))
@@ -73,7 +79,9 @@ def read_task_openers(source: str | None) -> tuple[str, ...]:
     path = Path(source)
     if not path.is_file():
         raise SystemExit(f"--task-openers: {source} is neither 'default' nor a file")
-    openers = tuple(line.replace("\\n", "\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    openers = tuple(
+        line.replace("\\n", "\n") for line in path.read_text(encoding="utf-8").splitlines() if line.strip()
+    )
     if not openers:
         raise SystemExit(f"--task-openers: {source} holds no opener (one per line)")
     return openers

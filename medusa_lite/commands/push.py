@@ -15,14 +15,22 @@ from medusa_lite.hub import push_heads_to_hub
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="medusa-lite push", description="Upload trained Medusa heads to the Hugging Face Hub.")
-    parser.add_argument("heads", help="the heads folder (MedusaHeads.save_pretrained: config.json + model.safetensors)")
-    parser.add_argument("repo_id", help="the Hub repo to upload to (created if missing), e.g. your-name/model-medusa-heads")
+    parser = argparse.ArgumentParser(
+        prog="medusa-lite push", description="Upload trained Medusa heads to the Hugging Face Hub."
+    )
+    parser.add_argument(
+        "heads", help="the heads folder (MedusaHeads.save_pretrained: config.json + model.safetensors)"
+    )
+    parser.add_argument(
+        "repo_id", help="the Hub repo to upload to (created if missing), e.g. your-name/model-medusa-heads"
+    )
     parser.add_argument("--private", action="store_true", help="create the repo private")
     parser.add_argument("--revision", default=None, help="upload to this branch (created if missing)")
     parser.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or the saved login)")
     parser.add_argument("--commit-message", default="Upload Medusa heads")
-    parser.add_argument("--endpoint", default=None, help="the Hub's address (default: HF_ENDPOINT or https://huggingface.co)")
+    parser.add_argument(
+        "--endpoint", default=None, help="the Hub's address (default: HF_ENDPOINT or https://huggingface.co)"
+    )
     return parser
 
 

@@ -29,7 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
         allow_abbrev=False,
     )
     parser.add_argument("--config", help="YAML training config (configs/*.yaml)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in output_dir")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue from the latest complete checkpoint in output_dir"
+    )
     parser.add_argument("--push_to_hub", metavar="REPO", help="upload the trained heads to this Hub repo after saving")
     return parser
 

@@ -32,5 +32,7 @@ def tokenizer_and_vocab_size(model: str):
 def datastore_from_training_data(config: TrainConfig) -> tuple[Datastore, DataStats]:
     """The datastore of the training split's answers, and the statistics of the data read."""
     tokenizer, vocab_size = tokenizer_and_vocab_size(config.model)
-    data = load_training_data(config.data, tokenizer, max_length=config.max_length, eval_fraction=config.eval_fraction, seed=config.seed)
+    data = load_training_data(
+        config.data, tokenizer, max_length=config.max_length, eval_fraction=config.eval_fraction, seed=config.seed
+    )
     return Datastore.from_documents(answer_tokens(data.train), vocab_size=vocab_size), data.stats

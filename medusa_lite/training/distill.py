@@ -287,8 +287,12 @@ def sample_questions(
         seeds = [record_seed(settings.seed, index, attempt, QUESTION_STREAM) for index in pending]
         sampler = PerRowSampler(seeded_generators(seeds, model.device), QUESTION_TEMPERATURE, QUESTION_TOP_P)
         outputs = generate_batch(
-            model, [prefix_ids[index] for index in pending], settings.max_prompt_tokens, stop_ids,
-            pad_token_id(tokenizer, stop_ids), sampler,
+            model,
+            [prefix_ids[index] for index in pending],
+            settings.max_prompt_tokens,
+            stop_ids,
+            pad_token_id(tokenizer, stop_ids),
+            sampler,
         )
         still_pending = []
         for index, output in zip(pending, outputs):
@@ -307,9 +311,7 @@ def sample_questions(
 # ---------------------------------------------------------------- answers and records
 
 
-def answer_questions(
-    model, tokenizer, questions: dict[int, str], settings: DistillSettings
-) -> dict[int, Generated]:
+def answer_questions(model, tokenizer, questions: dict[int, str], settings: DistillSettings) -> dict[int, Generated]:
     """The target's own response to each question, greedy unless ``response_temperature > 0``."""
     stop_ids = end_of_turn_ids(tokenizer)
     indices = list(questions)
@@ -345,9 +347,7 @@ class BatchOutput:
     answer_seconds: float
 
 
-def distill_batch(
-    model, tokenizer, batch_index: int, settings: DistillSettings, seen: set[str]
-) -> BatchOutput:
+def distill_batch(model, tokenizer, batch_index: int, settings: DistillSettings, seen: set[str]) -> BatchOutput:
     """The records of batch ``batch_index``: indices ``[b*batch_size, (b+1)*batch_size)``."""
     start = batch_index * settings.batch_size
     indices = list(range(start, start + settings.batch_size))
@@ -356,8 +356,12 @@ def distill_batch(
     questions_done = time.perf_counter()
     answers = answer_questions(model, tokenizer, questions, settings) if questions else {}
     records = [
-        make_record(index, questions[index], tokenizer.decode(answer.tokens, skip_special_tokens=True),
-                    truncated=not answer.finished)
+        make_record(
+            index,
+            questions[index],
+            tokenizer.decode(answer.tokens, skip_special_tokens=True),
+            truncated=not answer.finished,
+        )
         for index, answer in answers.items()
     ]
     return BatchOutput(
