@@ -33,6 +33,7 @@ import torch
 from medusa_lite.cache import reserved_cache
 from medusa_lite.default_model import cache_root
 from medusa_lite.kernels import cpu_capability, kernel_path
+from medusa_lite.measure import cpu_model
 from medusa_lite.model import MedusaModel, cache_keyword, text_config
 from medusa_lite.prepack import prepack_backend
 from medusa_lite.tree import Tree
@@ -65,12 +66,6 @@ class StepCosts:
         return {"format": COSTS_FORMAT, **asdict(self), "row_costs": list(self.row_costs)}
 
 
-def cpu_model_name() -> str:
-    from medusa_lite.cli import cpu_model  # lazy: the CLI module imports loading, which imports this one
-
-    return cpu_model()
-
-
 def model_signature(model: MedusaModel) -> dict:
     """What of the model shapes its step cost: architecture, sizes, and the heads' shape."""
     config = text_config(model.base_model)
@@ -83,7 +78,7 @@ def cost_key(model: MedusaModel) -> dict:
     """Everything a step's relative cost depends on: machine, backend, dtype, threads, model."""
     device = model.device
     return {
-        "cpu": cpu_model_name() if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "cpu": cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device),
         "cpu_capability": cpu_capability(),
         "device": device.type,
         "dtype": str(model.base_model.dtype).removeprefix("torch."),

@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 import torch
-from tiny_checkpoint import import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import QUESTIONS, import_infer_script, save_tiny_checkpoint
 
 from medusa_lite import DynamicTree, Tree
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
@@ -17,11 +17,6 @@ from medusa_lite.loading import write_tree_file
 benchmark = import_infer_script("benchmark")
 microbench = import_infer_script("microbench")
 
-QUESTIONS = [
-    {"question_id": 1, "category": "writing", "turns": ["Write a short poem about the sea and the moon.", "Now shorter."]},
-    {"question_id": 2, "category": "qa", "turns": ["What is the capital city of France?"]},
-    {"question_id": 3, "category": "writing", "turns": ["Describe a busy market in the morning."]},
-]
 OUTPUT_FILES = ("results.json", "results.md", "speedup_by_category.png", "acceptance_by_depth.png")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -151,3 +152,16 @@ def test_installed_package_runs_its_subcommands(tmp_path):
         timeout=120,
     )
     assert done.returncode == 0 and done.stdout.startswith(f"usage: medusa-lite {INSTALLED_CHECK}"), done.stderr
+
+
+def test_no_test_touches_sys_path_or_imports_another_test_module():
+    """Tests import the package, and share helpers through helper modules (not through each other)."""
+    offenders = []
+    for path in sorted((REPO_ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys":
+                offenders.append(f"{path.name}:{node.lineno} uses sys.path")
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            offenders += [f"{path.name}:{node.lineno} imports {name}" for name in names if name.startswith("test_")]
+    assert offenders == []

@@ -8,14 +8,14 @@ import json
 
 import pytest
 import torch
+from tiny_checkpoint import save_tiny_checkpoint
+from tiny_models import random_heads, tiny_base_model
 
 import medusa_lite.costs as costs
 from medusa_lite import DynamicTree, MedusaModel, load
 from medusa_lite.kernels import KERNEL_ENV_VAR, kernel_path
 from medusa_lite.loading import verification_rows, write_tree_file
 from medusa_lite.tree import Tree
-from test_cli import save_tiny_checkpoint
-from tiny_models import random_heads, tiny_base_model
 
 OTHER_MACHINES_COSTS = [1.0] * 14  # "rows are free": an AVX-512 machine's file, say
 

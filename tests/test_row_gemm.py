@@ -5,25 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from row_gemm_cases import ROWS, SHAPES, assert_within_rounding
+from tiny_models import tiny_base_model
 
 import medusa_lite.kernels as kernels
 import medusa_lite.prepack as prepack
 from medusa_lite.errors import UnsupportedModelError
-from tiny_models import tiny_base_model
 
 FLOAT32_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
-UNIT_ROUNDOFF = 2.0**-24  # float32
-
-
-def assert_within_rounding(output: torch.Tensor, inputs: torch.Tensor, weight: torch.Tensor) -> None:
-    """|output - exact| <= K * u * (|inputs| @ |weight|^T): the classic bound for a float32 sum of K products."""
-    exact = inputs.double() @ weight.double().T
-    bound = inputs.shape[1] * UNIT_ROUNDOFF * (inputs.double().abs() @ weight.double().abs().T)
-    error = (output.double() - exact).abs()
-    assert bool((error <= bound).all()), f"error {float((error - bound).max()):.3g} above the rounding bound"
-# Output sizes around the kernel's 48-column blocks and its 16-wide vectors; odd input sizes.
-SHAPES = [(1, 1), (17, 5), (48, 64), (50, 37), (100, 576), (97, 129)]
-ROWS = [1, 2, 3, 5, 8, 9, 16, 19]  # up to and past the kernel's 8 rows per pass
 
 needs_kernel = pytest.mark.skipif(kernels.row_gemm_unavailable_reason() is not None, reason=f"row_gemm unavailable: {kernels.row_gemm_unavailable_reason()}")
 

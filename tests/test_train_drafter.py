@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
+import training_fixtures
+from tiny_tokenizer import TINY_VOCAB_SIZE
+from training_fixtures import tiny_argv
 from transformers import AutoModelForCausalLM
 
+from medusa_lite.commands import train as train_heads
 from medusa_lite.drafter import DRAFTER_KIND, SequentialDrafter
 from medusa_lite.training import TrainingConfigError
-from tiny_tokenizer import TINY_VOCAB_SIZE
-import training_fixtures
-from training_fixtures import TRAIN_SCRIPT, tiny_argv
-
-sys.path.insert(0, str(TRAIN_SCRIPT.parent))
-import train_heads  # noqa: E402
 
 tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread
 
