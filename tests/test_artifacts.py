@@ -22,10 +22,10 @@ from medusa_lite import (
     generate,
     load,
 )
-from medusa_lite.cli import chat_input_ids
 from medusa_lite.cli import main as cli_main
 from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.errors import AdapterError, ArtifactNotFoundError
+from medusa_lite.measure import chat_input_ids
 from medusa_lite.prepack import prepack_backend, prepack_supported
 from medusa_lite.training import load_trained
 
