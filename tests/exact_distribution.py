@@ -14,6 +14,8 @@ NEW_TOKENS = 4
 NUM_SAMPLES = 3000
 ALPHA = 1e-3
 MIN_EXPECTED = 5.0
+# Sharp enough to make outcomes unequal, flat enough that most of the 81 bins are populated.
+LOGIT_SCALE = 5.0
 PROMPT = torch.tensor([[0, 2, 1]])
 PARTIAL_TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from test_cli import save_tiny_checkpoint
-from test_row_gemm import ROWS, SHAPES, assert_within_rounding
+from row_gemm_cases import ROWS, SHAPES, assert_within_rounding
+from row_gemm_reference import kernel_constants, pack_reference, row_gemm_reference
+from tiny_checkpoint import save_tiny_checkpoint
 from tiny_models import plain_greedy, random_heads, tiny_base_model
 from transformers import AutoModelForCausalLM
 
@@ -24,7 +25,6 @@ import medusa_lite.prepack as prepack
 from medusa_lite import MedusaModel, generate
 from medusa_lite.heads import DraftLMHead
 from medusa_lite.loading import load
-from row_gemm_reference import kernel_constants, pack_reference, row_gemm_reference
 
 VARIANT_BLOCKING = kernel_constants()
 # Each variant's blocking, and one more that moves the block and row-group edges around the shapes.

@@ -26,10 +26,19 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from exact_distribution import (
+    ALPHA,
+    LOGIT_SCALE,
+    NEW_TOKENS,
+    NUM_SAMPLES,
+    PROMPT,
+    VOCAB,
+    chi_square_p_value,
+    exact_distribution,
+)
+from tiny_models import tiny_base_model
 
 from medusa_lite import SamplingSettings, logits_to_probs
-from test_sampling_exact import ALPHA, LOGIT_SCALE, NEW_TOKENS, NUM_SAMPLES, PROMPT, VOCAB, chi_square_p_value, exact_distribution
-from tiny_models import tiny_base_model
 
 DRAFT_DEPTH = 3  # guesses per step, fewer where NEW_TOKENS leaves less room (as generate prunes the tree)
 TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, 0.3  # Medusa's posterior_threshold and posterior_alpha defaults

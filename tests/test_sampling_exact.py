@@ -14,6 +14,7 @@ import pytest
 import torch
 from exact_distribution import (
     ALPHA,
+    LOGIT_SCALE,
     NEW_TOKENS,
     NUM_SAMPLES,
     PARTIAL_TREE,
@@ -31,8 +32,6 @@ from medusa_lite.datastore import Datastore
 from medusa_lite.generate import accepted_path
 from medusa_lite.sampling import pick_tokens
 
-# Sharp enough to make outcomes unequal, flat enough that most of the 81 bins are populated.
-LOGIT_SCALE = 5.0
 FULL_TREE = Tree.from_paths([p for depth in (1, 2) for p in itertools.product(range(VOCAB), repeat=depth)])
 NO_TREE = Tree.from_paths([])
 # Up to 6 nodes, each row 0.05 dearer, a node kept when its path is > 2.5% likely: shapes vary per step.
