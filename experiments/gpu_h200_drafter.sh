@@ -16,7 +16,7 @@
 #   metrics_drafter.jsonl, metrics_heads.jsonl, run.log
 # Usage (repository root, on the GPU machine):  bash experiments/gpu_h200_drafter.sh
 # Reproduce the drafter on a CPU instead (hours on 2 cores; the hidden-state cache dominates):
-#   accelerate launch --num_processes 1 train/train_heads.py --config configs/smollm2_drafter.yaml
+#   medusa-lite train --config configs/smollm2_drafter.yaml   (or: accelerate launch train/train_heads.py --config ...)
 set -u -o pipefail
 DISTILL_SECONDS=${DISTILL_SECONDS:-180}
 TRAIN_SECONDS=${TRAIN_SECONDS:-300}
@@ -53,12 +53,12 @@ stamp "self-distil for ${DISTILL_SECONDS}s: magpie seeds [$MAGPIE_SEEDS], task s
 pids=()
 common=(--dtype float32 --device "$DEVICE" --batch-size "$BATCH" --max-new-tokens 256 --num-samples 1000000)
 for seed in $MAGPIE_SEEDS; do
-  timeout --signal=INT "$DISTILL_SECONDS" python3 train/self_distill.py "${common[@]}" --seed "$seed" \
+  timeout --signal=INT "$DISTILL_SECONDS" python3 -m medusa_lite distill "${common[@]}" --seed "$seed" \
     --max-prompt-tokens 96 --out "$WORK/data/magpie_s$seed.jsonl" > "$WORK/magpie_s$seed.log" 2>&1 &
   pids+=($!)
 done
 for seed in $TASK_SEEDS; do
-  timeout --signal=INT "$DISTILL_SECONDS" python3 train/self_distill.py "${common[@]}" --seed "$seed" \
+  timeout --signal=INT "$DISTILL_SECONDS" python3 -m medusa_lite distill "${common[@]}" --seed "$seed" \
     --max-prompt-tokens 320 --task-openers data/self_distill/task_openers_v2.txt \
     --out "$WORK/data/tasks_s$seed.jsonl" > "$WORK/tasks_s$seed.log" 2>&1 &
   pids+=($!)
@@ -95,7 +95,7 @@ PY
 DATA="data/self_distill/smollm2_gpu_selfdistill.jsonl,data/self_distill/smollm2_selfdistill.jsonl,data/self_distill/smollm2_tasks.jsonl,$OUT/gpu_selfdistill_v2.jsonl"
 
 stamp "train the sequential drafter on the GPU (timeout ${TRAIN_SECONDS}s, ${DRAFTER_EPOCHS} epochs)"
-timeout "$TRAIN_SECONDS" python3 train/train_heads.py --config configs/smollm2_drafter.yaml \
+timeout "$TRAIN_SECONDS" python3 -m medusa_lite train --config configs/smollm2_drafter.yaml \
   --data "$DATA" --output_dir "$WORK/drafter_run" --hidden_cache_dir "$WORK/cache_from_start" \
   --batch_size 32 --epochs "$DRAFTER_EPOCHS" --max_cache_gb 60 --checkpoint_every 200 --log_every 25 --overwrite_output_dir true \
   2>&1; echo "drafter train exit $?"
@@ -104,7 +104,7 @@ test -f "$WORK/drafter_run/heads/model.safetensors" && tar -C "$WORK/drafter_run
 
 if [ "$TRAIN_HEADS" = 1 ]; then
   stamp "ablation: Medusa heads on the same data (timeout ${HEADS_SECONDS}s)"
-  timeout "$HEADS_SECONDS" python3 train/train_heads.py --config configs/smollm2_heads.yaml \
+  timeout "$HEADS_SECONDS" python3 -m medusa_lite train --config configs/smollm2_heads.yaml \
     --data "$DATA" --output_dir "$WORK/heads_run" --hidden_cache_dir "$WORK/cache_heads" \
     --batch_size 32 --epochs 3 --max_cache_gb 60 --checkpoint_every 100000 --log_every 25 --overwrite_output_dir true \
     2>&1; echo "heads train exit $?"
