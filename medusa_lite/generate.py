@@ -25,12 +25,15 @@ from medusa_lite.cache import reserved_cache
 from medusa_lite.datastore import Datastore, datastore_continuation
 from medusa_lite.dynamic_tree import DynamicTree, chain_ranks
 from medusa_lite.inputs import (
+    as_datastore,
     as_prompt,
     check_context,
-    check_datastore,
+    check_generator,
     check_lookup_tokens,
     check_max_new_tokens,
+    check_streamer,
     check_token_ids,
+    checked_model_in_eval_mode,
     context_limit,
     eos_ids,
 )
@@ -213,6 +216,7 @@ def record_step(stats: GenerationStats, accepted_guesses: int, used_lookup: bool
 
 # -- the loop ----------------------------------------------------------------------------------
 @torch.inference_mode()
+@checked_model_in_eval_mode
 def generate(
     model: MedusaModel,
     input_ids: torch.Tensor,
@@ -228,6 +232,7 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     streamer=None,
     generator: torch.Generator | None = None,
+    attention_mask: torch.Tensor | None = None,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with exact Medusa decoding.
 
@@ -242,24 +247,26 @@ def generate(
     or False/None for none; ``datastore_tokens``: the most guesses it adds per step (0 = none).
     ``streamer`` receives the prompt, then each step's accepted tokens (e.g.
     ``transformers.TextStreamer``). Generation stops at any of ``eos_token_id`` (default: the
-    model's), included in the output.
+    model's), included in the output. ``input_ids`` may be a tokenizer's output (``BatchEncoding``
+    or dict; ``generate(model, **inputs)`` works too), ``attention_mask`` all ones (one sequence,
+    no padding). The model is in eval mode during the call (greedy is then deterministic), its
+    own mode restored after. Every argument is checked by :mod:`medusa_lite.inputs`.
     """
     settings = SamplingSettings(temperature, top_k, top_p)
-    check_max_new_tokens(max_new_tokens)
-    check_lookup_tokens(lookup_tokens)
-    check_lookup_tokens(datastore_tokens, "datastore_tokens")
-    if datastore is True:
-        datastore = model.datastore
-    datastore = datastore or None
-    check_datastore(datastore, model.config.vocab_size)
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    lookup_tokens = check_lookup_tokens(lookup_tokens)
+    datastore_tokens = check_lookup_tokens(datastore_tokens, "datastore_tokens")
+    datastore = as_datastore(datastore, model)
     check_tree_attention_supported(model.base_model)
-    prompt = as_prompt(input_ids, model.device)
+    prompt = as_prompt(input_ids, model.device, attention_mask)
     check_token_ids(prompt, model.config.vocab_size)
     full_tree = (as_tree(tree, model.num_heads) if tree is not None else model.tree).pruned(model.num_heads)
     if isinstance(full_tree, Tree):  # a dynamic tree uses only the ranks there are
         check_topk_fits(full_tree, model.guess_vocab_size)
     check_context(prompt.numel(), max_new_tokens, context_limit(model))
     eos = eos_ids(eos_token_id, model)
+    check_generator(generator, model.device)
+    check_streamer(streamer)
 
     stats = GenerationStats(tree_nodes=full_tree.num_nodes, tree_depth=full_tree.depth, accepted_at_depth=[0] * full_tree.depth)
     if streamer is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from medusa_lite.errors import GenerationInputError
+from medusa_lite.values import as_integer, as_real, describe
 
 
 @dataclass(frozen=True)
@@ -24,23 +25,42 @@ class SamplingSettings:
     top_p: float | None = None
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or math.isnan(t) or math.isinf(t) or t < 0:
-            raise GenerationInputError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k <= 0):
-            raise GenerationInputError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        p = self.top_p
-        if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float)) or math.isnan(p) or not 0 < p <= 1):
-            raise GenerationInputError(f"top_p must be in (0, 1] or None, got {p!r}")
+        # Numbers may come as numpy scalars or 0-d tensors (medusa_lite.values); stored as Python numbers.
+        t = as_real(self.temperature)
+        if t is None or not math.isfinite(t) or t < 0:
+            raise GenerationInputError(f"temperature must be a finite number >= 0 (0 = greedy), got {describe(self.temperature)}")
+        object.__setattr__(self, "temperature", t)
+        if self.top_k is not None:
+            k = as_integer(self.top_k)
+            if k is None or k <= 0:
+                raise GenerationInputError(f"top_k must be a positive integer or None, got {describe(self.top_k)}")
+            object.__setattr__(self, "top_k", k)
+        if self.top_p is not None:
+            p = as_real(self.top_p)
+            if p is None or math.isnan(p) or not 0 < p <= 1:
+                raise GenerationInputError(f"top_p must be in (0, 1] or None, got {describe(self.top_p)}")
+            object.__setattr__(self, "top_p", p)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
+def divided_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``logits / temperature`` up to a constant per row (which softmax, top-k and top-p ignore).
+
+    The row's maximum is subtracted first, so every score is <= 0 and a tiny temperature can only
+    send scores to -inf (probability 0), never to +inf (softmax NaN): as the temperature goes to 0
+    the distribution goes to the argmax, ties shared. A temperature below float32's smallest
+    number divides by 0 in float32; the row's best logits (0 after the shift) stay 0 then.
+    """
+    shifted = logits - logits.amax(dim=-1, keepdim=True)
+    return torch.where(shifted == 0, shifted, shifted / temperature)
+
+
 def logits_to_probs(logits: torch.Tensor, settings: SamplingSettings) -> torch.Tensor:
     """Rows of logits [..., V] -> rows of probabilities after temperature, top-k and top-p."""
-    scores = logits.float() / settings.temperature
+    scores = divided_by_temperature(logits.float(), settings.temperature)
     if settings.top_k is not None and settings.top_k < scores.shape[-1]:
         kth_best = torch.topk(scores, settings.top_k, dim=-1).values[..., -1:]
         scores = scores.masked_fill(scores < kth_best, -math.inf)

@@ -52,9 +52,9 @@ def test_float_token_ids(model):
         generate(model, torch.tensor([[1.0, 2.0]]), 5)
 
 
-def test_not_a_tensor(model):
-    with pytest.raises(GenerationInputError, match="must be a torch.Tensor"):
-        generate(model, [1, 2, 3], 5)
+def test_text_instead_of_token_ids(model):
+    with pytest.raises(GenerationInputError, match="input_ids must be token ids, got text .* tokenize the text first"):
+        generate(model, "hello", 5)
 
 
 def test_three_dimensional_ids(model):
