@@ -106,6 +106,8 @@ class Datastore:
     def load(cls, path: str | os.PathLike, vocab_size: int | None = None) -> "Datastore":
         """Read a saved datastore; ``vocab_size``: the model's, checked against the file's."""
         path = Path(path)
+        if path.is_dir():
+            raise DatastoreError(f"datastore file {path} is a directory; pass the {DATASTORE_FILE_NAME} file inside it")
         if not path.is_file():
             raise DatastoreError(f"datastore file {path} does not exist")
         try:
@@ -114,10 +116,11 @@ class Datastore:
                 tokens = handle.get_tensor(TOKENS_KEY) if names == {TOKENS_KEY} else None
         except (SafetensorError, OSError, ValueError) as error:
             raise DatastoreError(f"datastore file {path} is corrupt or not a safetensors file: {error}") from error
-        stored_vocab = metadata.get("vocab_size", "")
-        if metadata.get("format") != DATASTORE_FORMAT or tokens is None or tokens.is_floating_point() or not stored_vocab.isdigit():
-            raise DatastoreError(f"{path} is not a medusa-lite datastore (format {metadata.get('format')!r}, tensors {sorted(names)})")
-        datastore = cls.from_tokens(tokens.to(torch.long), int(stored_vocab))
+        tokens = check_header(path, metadata, names, tokens)
+        try:
+            datastore = cls.from_tokens(tokens, int(metadata["vocab_size"]))
+        except DatastoreError as error:
+            raise DatastoreError(f"datastore file {path}: {error}; the file is corrupt") from error
         if vocab_size is not None:
             datastore.check_fits(vocab_size)
         return datastore
@@ -126,6 +129,46 @@ class Datastore:
         """Raise unless the datastore was built for a model with ``vocab_size`` ids."""
         if self.vocab_size != vocab_size:
             raise DatastoreError(f"the datastore was built for a vocabulary of {self.vocab_size} ids, the model has {vocab_size}: build one for this model (medusa-lite build-datastore)")
+
+
+def largest_vocabulary() -> int:
+    """The most token ids a datastore can index: ``DATASTORE_MIN_NGRAM`` of them must pack into one key."""
+    return 2 ** (KEY_BITS // DATASTORE_MIN_NGRAM)
+
+
+def check_header(path: Path, metadata: dict, names: set, tokens: torch.Tensor | None) -> torch.Tensor:
+    """The file's token ids as int64 when its header and tensor follow the format; else a clear error.
+
+    The format: metadata ``format`` = DATASTORE_FORMAT, ``vocab_size`` (decimal, at most
+    :func:`largest_vocabulary`), ``documents`` (decimal, the number of separators), and one 1-D
+    integer tensor ``tokens``.
+    """
+    file_format = metadata.get("format")
+    if file_format != DATASTORE_FORMAT:
+        known = isinstance(file_format, str) and file_format.startswith(DATASTORE_FORMAT.split("/")[0] + "/")
+        hint = "upgrade medusa-lite or rebuild it with train/build_datastore.py" if known else "build one with train/build_datastore.py"
+        raise DatastoreError(f"{path} is not a medusa-lite datastore this version reads (format {file_format!r}, expected {DATASTORE_FORMAT!r}): {hint}")
+    if tokens is None:
+        raise DatastoreError(f"datastore file {path} must hold exactly one tensor {TOKENS_KEY!r}, found {sorted(names)}; the file is corrupt")
+    if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+        raise DatastoreError(f"datastore file {path}: {TOKENS_KEY!r} must be a 1-D integer tensor, found {tokens.dtype} {tuple(tokens.shape)}; the file is corrupt")
+    for key in ("vocab_size", "documents"):
+        if not str(metadata.get(key, "")).isdigit():
+            raise DatastoreError(f"datastore file {path}: header field {key!r} must be a whole number, found {metadata.get(key)!r}; the file is corrupt")
+    vocab_size, documents = int(metadata["vocab_size"]), int(metadata["documents"])
+    if not 1 <= vocab_size <= largest_vocabulary():
+        raise DatastoreError(
+            f"datastore file {path}: header says vocab_size {vocab_size}, outside [1, {largest_vocabulary()}] (what a datastore can index); "
+            "the file is corrupt: rebuild it with train/build_datastore.py"
+        )
+    tokens = tokens.to(torch.long)
+    separators = int((tokens == SEPARATOR).sum())
+    if separators != documents:
+        raise DatastoreError(
+            f"datastore file {path}: header says {documents} documents but the tokens hold {separators}; the file is corrupt or was edited: "
+            "rebuild it with train/build_datastore.py"
+        )
+    return tokens
 
 
 def max_packed_ngram(vocab_size: int) -> int:

@@ -14,6 +14,10 @@ class IncompatibleHeadsError(MedusaError, ValueError):
     """Heads were trained for a model with another hidden size or vocabulary."""
 
 
+class HeadsConfigError(MedusaError, ValueError):
+    """A ``MedusaConfig`` value is invalid (wrong type, out of range, a malformed ``training_summary``)."""
+
+
 class HeadsFileError(MedusaError, ValueError):
     """A heads folder is missing a file, or a file is truncated, corrupt or malformed."""
 

@@ -32,10 +32,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from medusa_lite.card import LIBRARY_NAME, PROJECT_URL, TAGS, model_card
-from medusa_lite.errors import DraftVocabError, HeadsFileError
+from medusa_lite.errors import DraftVocabError, HeadsConfigError, HeadsFileError, TreeError
 from medusa_lite.kernels import pack_for_row_gemm
 from medusa_lite.prepack import packed_copy_applies, row_gemm_linear, weight_signature
 from medusa_lite.resolve import ArtifactSource, resolve_source
+from medusa_lite.tree import validate_paths
+from medusa_lite.values import as_integer, as_real, describe
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -71,28 +73,28 @@ class MedusaConfig:
     # Trained on the base model with a LoRA adapter (Medusa-2): they run only on the adapted model, and the
     # artifact holds the adapter in adapter/ (medusa_lite.artifact).
     backbone_adapter: bool = False
-    # Free-form facts about how the heads were made (data, accuracies); never read by the code.
+    # Facts about how the heads were made (data, accuracies). Free-form, except the entries the
+    # code reads (check_training_summary): "tree" and "topk_accuracy" shape the default tree, and
+    # "top1_accuracy" the model card.
     training_summary: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "hidden_size", "vocab_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"MedusaConfig.{name} must be a positive integer, got {value!r}")
-        for name in ("next_token_input", "backbone_adapter"):
+            setattr(self, name, config_integer(self, name, minimum=1))
+        self.num_layers = config_integer(self, "num_layers", minimum=0)
+        for name in ("use_base_lm_head", "next_token_input", "backbone_adapter"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"MedusaConfig.{name} must be true or false, got {getattr(self, name)!r}")
-        if not isinstance(self.num_layers, int) or self.num_layers < 0:
-            raise ValueError(f"MedusaConfig.num_layers must be an integer >= 0, got {self.num_layers!r}")
-        draft = self.draft_vocab_size
-        if draft is not None:
-            if not isinstance(draft, int) or isinstance(draft, bool) or not 1 <= draft <= self.vocab_size:
-                raise ValueError(f"MedusaConfig.draft_vocab_size must be None (full vocabulary) or an integer in [1, vocab_size = {self.vocab_size}], got {draft!r}")
+                raise HeadsConfigError(f"MedusaConfig.{name} must be true or false, got {describe(getattr(self, name))}")
+        if self.draft_vocab_size is not None:
+            self.draft_vocab_size = config_integer(self, "draft_vocab_size", minimum=1, maximum=self.vocab_size, none="None (full vocabulary) or ")
             if not self.use_base_lm_head:
-                raise ValueError(
+                raise HeadsConfigError(
                     "MedusaConfig.draft_vocab_size needs use_base_lm_head=True: a draft vocabulary selects rows of the base "
                     "model's lm_head, but these heads have their own lm_head (use_base_lm_head=False)"
                 )
+        if self.base_model_name_or_path is not None and not isinstance(self.base_model_name_or_path, str):
+            raise HeadsConfigError(f"MedusaConfig.base_model_name_or_path must be text or None, got {describe(self.base_model_name_or_path)}")
+        check_training_summary(self.training_summary, self.num_heads)
 
     @property
     def guess_vocab_size(self) -> int:
@@ -110,6 +112,61 @@ class MedusaConfig:
         if missing:
             raise HeadsFileError(f"Medusa heads config lacks required key(s) {missing}")
         return cls(**values)
+
+
+def config_integer(config: "MedusaConfig", name: str, minimum: int, maximum: int | None = None, none: str = "") -> int:
+    """``config.<name>`` as a Python int in [minimum, maximum]; numpy and 0-d tensor integers accepted, booleans not."""
+    value = getattr(config, name)
+    number = as_integer(value)
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        if maximum is not None:
+            kind = f"an integer in [{minimum}, vocab_size = {maximum}]"
+        else:
+            kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise HeadsConfigError(f"MedusaConfig.{name} must be {none}{kind}, got {describe(value)}")
+    return number
+
+
+def accuracies_problem(values: object) -> str | None:
+    """What is wrong with a list of accuracies (numbers in [0, 1]), or None."""
+    if not isinstance(values, list) or not values:
+        return f"must be a non-empty list of numbers in [0, 1], got {describe(values)}"
+    for value in values:
+        number = as_real(value)
+        if number is None or not 0 <= number <= 1:
+            return f"must hold numbers in [0, 1], found {describe(value)}"
+    return None
+
+
+def check_training_summary(summary: object, num_heads: int) -> None:
+    """The ``training_summary`` entries the code reads, checked (the rest is free-form JSON).
+
+    ``tree``: top-k rank paths no deeper than the heads; ``topk_accuracy``: per head (at most
+    ``num_heads`` rows), per rank, the probability the guess is right; ``top1_accuracy``: per head.
+    """
+    if not isinstance(summary, dict):
+        raise HeadsConfigError(f"MedusaConfig.training_summary must be a JSON object (a dict), got {describe(summary)}")
+    where = "MedusaConfig.training_summary"
+    if summary.get("tree") is not None:
+        try:
+            paths = validate_paths(summary["tree"])
+        except TreeError as error:
+            raise HeadsConfigError(f"{where}['tree'] is not a tree of top-k rank paths: {error}") from error
+        deepest = max((len(path) for path in paths), default=0)
+        if deepest > num_heads:
+            raise HeadsConfigError(f"{where}['tree'] reaches depth {deepest} but there are {num_heads} heads (a node at depth d needs head d)")
+    if summary.get("topk_accuracy") is not None:
+        rows = summary["topk_accuracy"]
+        if not isinstance(rows, list) or not rows or len(rows) > num_heads:
+            raise HeadsConfigError(f"{where}['topk_accuracy'] must be a list of 1 to {num_heads} rows (one per head), got {describe(rows)}")
+        for head, row in enumerate(rows, start=1):
+            problem = accuracies_problem(row)
+            if problem is not None:
+                raise HeadsConfigError(f"{where}['topk_accuracy'] row {head} (head {head}) {problem}")
+    if summary.get("top1_accuracy") is not None:
+        problem = accuracies_problem(summary["top1_accuracy"])
+        if problem is not None:
+            raise HeadsConfigError(f"{where}['top1_accuracy'] {problem}")
 
 
 class ResBlock(nn.Module):

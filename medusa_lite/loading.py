@@ -47,6 +47,7 @@ from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, check_prepack_supported, prepack_backend, prepack_linears, prepack_supported
 from medusa_lite.resolve import ArtifactSource, resolve_source
 from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, tree_for_heads
+from medusa_lite.values import as_integer
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
 TREE_FILE_FORMAT = "medusa-lite-tree/1"
@@ -70,24 +71,41 @@ def default_tree_for(heads: MedusaHeads, num_nodes: int = DEFAULT_TREE_NODES) ->
 
 
 def read_tree_file(path: str | os.PathLike, *, dynamic: bool = True) -> Tree | DynamicTree:
-    """The tree in a ``tree.json`` file: ``{"paths": [[0], [0, 0], ...], ...}`` (other keys are notes).
+    """The tree in a ``tree.json`` file: ``{"format": "medusa-lite-tree/1", "paths": [[0], [0, 0], ...], ...}``.
 
-    With a ``"dynamic"`` entry (``{"max_nodes", "row_costs", "tokens_per_cost"}``, see
+    With a ``"dynamic"`` entry (``{"max_nodes", "tokens_per_cost"}``, see
     :class:`DynamicTree`) the file describes a per-step policy, returned unless ``dynamic=False``;
-    ``"paths"`` is then the static tree for the same hardware.
+    ``"paths"`` is then the static tree for the same hardware. The schema: ``format`` this
+    version's (a hand-written file may leave it out), ``paths`` a list of top-k rank paths,
+    ``num_nodes`` (if given) their count plus the root; other keys are notes.
     """
     path = Path(path)
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError as error:
         raise TreeError(f"tree file {path} does not exist") from error
+    except IsADirectoryError as error:
+        raise TreeError(f"tree file {path} is a directory; pass the {TREE_FILE_NAME} file inside it") from error
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise TreeError(f"tree file {path} is not valid JSON ({error})") from error
-    if not isinstance(values, dict) or "paths" not in values:
+    if not isinstance(values, dict) or not isinstance(values.get("paths"), list):
         raise TreeError(f"tree file {path} must hold a JSON object with a 'paths' list of top-k rank paths")
+    file_format = values.get("format", TREE_FILE_FORMAT)
+    if file_format != TREE_FILE_FORMAT:
+        raise TreeError(
+            f"tree file {path} has format {file_format!r}; this medusa-lite reads {TREE_FILE_FORMAT!r}: "
+            "upgrade medusa-lite, or rewrite the file with infer/calibrate_tree.py"
+        )
+    try:
+        tree = Tree.from_paths(values["paths"])
+    except TreeError as error:
+        raise TreeError(f"tree file {path}: 'paths': {error}") from error
+    stated = values.get("num_nodes")
+    if stated is not None and (as_integer(stated) != tree.num_nodes):
+        raise TreeError(f"tree file {path} says num_nodes {stated!r} but its paths make {tree.num_nodes} (root included); the file is corrupt")
     if dynamic and values.get("dynamic") is not None:
         return dynamic_tree_from(values["dynamic"], path)
-    return Tree.from_paths(values["paths"])
+    return tree
 
 
 def dynamic_tree_from(values: object, path: Path) -> DynamicTree:
@@ -99,6 +117,10 @@ def dynamic_tree_from(values: object, path: Path) -> DynamicTree:
     """
     if not isinstance(values, dict) or "max_nodes" not in values or not isinstance(values.get("row_costs", []), list):
         raise TreeError(f"tree file {path}: 'dynamic' must be an object with 'max_nodes' and optionally 'tokens_per_cost'")
+    known = set(DynamicTree(1, UNMEASURED_ROW_COSTS).portable_dict()) | {"row_costs"}  # what write_tree_file writes, or wrote
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TreeError(f"tree file {path}: 'dynamic' has unknown key(s) {unknown} (a typo?); it holds {sorted(known)}")
     try:
         DynamicTree(1, tuple(values.get("row_costs") or UNMEASURED_ROW_COSTS))  # an old file's costs must still be well formed
         return DynamicTree(values["max_nodes"], UNMEASURED_ROW_COSTS, values.get("tokens_per_cost", DEFAULT_TOKENS_PER_COST))

@@ -35,6 +35,8 @@ def validate_paths(paths: Iterable[Sequence[int]]) -> tuple[Path, ...]:
     """
     if isinstance(paths, (str, bytes)):
         raise TreeError(f"a tree is a list of paths of top-k ranks, got the string {paths!r}")
+    if not isinstance(paths, Iterable):
+        raise TreeError(f"a tree is a list of paths of top-k ranks, got {type(paths).__name__} {paths!r:.40}")
     seen: set[Path] = set()
     for raw in paths:
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):

@@ -20,6 +20,7 @@ truncated ones are counted by reason and reported.
 from __future__ import annotations
 
 import collections
+import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,6 +48,9 @@ ROLE_ALIASES = {
     "bing": "assistant",
     "system": "system",
 }
+# A message lists at most this many files of a directory, and quotes at most this many characters of a record.
+MAX_LISTED = 5
+MAX_QUOTED = 80
 SKIP_NO_ASSISTANT = "no assistant turn"
 SKIP_MALFORMED = "malformed conversation"
 SKIP_UNKNOWN_ROLE = "unknown role"
@@ -101,10 +105,16 @@ def read_records(path: str | Path, data_format: str = "auto"):
     import datasets
 
     path = Path(path)
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix.lower() in CHAT_EXTENSIONS + TEXT_EXTENSIONS)
+        found = f" (it holds {', '.join(inside[:MAX_LISTED])}{', ...' if len(inside) > MAX_LISTED else ''})" if inside else ""
+        raise TrainingDataError(f"data path {path} is a directory{found}; give the data file(s) inside it, e.g. data: [{path}/train.jsonl]")
     if not path.is_file():
         raise TrainingDataError(f"data file {path} does not exist")
     if path.stat().st_size == 0:
         raise EmptyDatasetError(f"data file {path} is empty: no records to train on")
+    if path.suffix.lower() in CHAT_EXTENSIONS:
+        check_json_records(path)
     suffix = path.suffix.lower()
     try:
         if suffix in CHAT_EXTENSIONS:
@@ -131,6 +141,55 @@ def read_records(path: str | Path, data_format: str = "auto"):
     if data_format != "auto" and data_format != kind:
         raise TrainingDataError(f"data file {path} holds {kind} records but data_format is {data_format!r}")
     return kind, dataset
+
+
+def check_json_records(path: Path) -> None:
+    """The JSON schema of a data file: a list of objects, or JSON lines of one object each.
+
+    A problem is reported with the line (or the record) it is on, before ``datasets`` reads the
+    file (whose own error names neither).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise TrainingDataError(f"data file {path} is not UTF-8 text ({error}); save it as UTF-8") from error
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        if text.lstrip().startswith("["):  # meant as one JSON list of records
+            raise TrainingDataError(
+                f"data file {path}, line {error.lineno}: not valid JSON ({error.msg} at column {error.colno}); "
+                "the file must be one JSON list of records, or one JSON record per line"
+            ) from error
+        document = None  # JSON lines, checked line by line below
+    if isinstance(document, list):
+        if not document:
+            raise EmptyDatasetError(f"data file {path} holds an empty list: no records to train on")
+        records = [(f"record {i}", record) for i, record in enumerate(document, start=1)]
+    else:
+        records = list(json_lines(path, text))
+        if not records:
+            raise EmptyDatasetError(f"data file {path} holds only blank lines: no records to train on")
+    for where, record in records:
+        if not isinstance(record, dict) or not record:
+            raise TrainingDataError(
+                f"data file {path}, {where}: expected a JSON object such as {{\"messages\": [...]}} or {{\"text\": ...}}, "
+                f"got {json.dumps(record)[:MAX_QUOTED]}"
+            )
+
+
+def json_lines(path: Path, text: str):
+    """(``line N``, record) for each non-blank line; the first line that is not JSON is an error naming it."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {number}", json.loads(line)
+        except json.JSONDecodeError as error:
+            raise TrainingDataError(
+                f"data file {path}, line {number}: not valid JSON ({error.msg} at column {error.colno}); "
+                "each line must be one JSON record: fix or remove that line"
+            ) from error
 
 
 def normalise_conversation(record: dict) -> tuple[list[dict] | None, str | None]:
