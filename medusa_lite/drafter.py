@@ -45,7 +45,17 @@ from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
 from medusa_lite.errors import DraftVocabError, HeadsFileError
-from medusa_lite.heads import CONFIG_NAME, DRAFT_IDS_NAME, WEIGHTS_NAME, DraftLMHead, check_state_dict, draft_ids_problem, draft_rows, heads_file, read_weights
+from medusa_lite.heads import (
+    CONFIG_NAME,
+    DRAFT_IDS_NAME,
+    WEIGHTS_NAME,
+    DraftLMHead,
+    check_state_dict,
+    draft_ids_problem,
+    draft_rows,
+    heads_file,
+    read_weights,
+)
 from medusa_lite.resolve import resolve_source
 
 # The ``kind`` a drafter's config.json records (Medusa heads' configs have no ``kind``).
@@ -270,7 +280,14 @@ class SequentialDrafter(
         """Load a drafter from a local folder or a Hub repo, strictly, with errors that name the file."""
         if unused:
             raise TypeError(f"SequentialDrafter.from_pretrained got unexpected arguments {sorted(unused)}")
-        source = resolve_source(pretrained_model_name_or_path, DRAFTER_WHAT, revision=revision, cache_dir=cache_dir, token=token, local_files_only=local_files_only)
+        source = resolve_source(
+            pretrained_model_name_or_path,
+            DRAFTER_WHAT,
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=local_files_only,
+        )
         return cls.from_source(source, map_location=map_location)
 
     @classmethod

@@ -406,7 +406,9 @@ def heads_file(source: ArtifactSource, file_name: str) -> Path:
     """One of the two files of heads (or a drafter); a local folder lacking it is a broken folder."""
     path = source.file(file_name, required=not source.is_local)
     if path is None:
-        raise HeadsFileError(f"{source.folder / file_name} is missing: a {source.what} folder holds {CONFIG_NAME} and {WEIGHTS_NAME}")
+        raise HeadsFileError(
+            f"{source.folder / file_name} is missing: a {source.what} folder holds {CONFIG_NAME} and {WEIGHTS_NAME}"
+        )
     return path
 
 

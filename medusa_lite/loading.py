@@ -149,7 +149,9 @@ def find_tree_file(heads_source: str | os.PathLike | ArtifactSource) -> Path | N
     return heads_artifact(heads_source).file(TREE_FILE_NAME)
 
 
-def resolve_datastore(datastore: DatastoreSpec, heads_source: ArtifactSource | None, vocab_size: int) -> Datastore | None:
+def resolve_datastore(
+    datastore: DatastoreSpec, heads_source: ArtifactSource | None, vocab_size: int
+) -> Datastore | None:
     """A :class:`Datastore` as given, read from a path, found beside the heads (``True``), or none (``False``/``None``)."""
     if datastore is None or datastore is False:
         return None

@@ -523,7 +523,7 @@ def save_results(run: Run, summary: dict, output_dir: Path) -> tuple[Path, Path 
         log.say(f"saved heads to {heads_dir}")
         if run.medusa2:
             adapter_dir = heads_dir / ADAPTER_DIR
-            log.say(f"saved the LoRA adapter to {adapter_dir} (medusa_lite.load(model, heads={str(heads_dir)!r}) applies it)")
+            log.say(f"saved the LoRA adapter to {adapter_dir} (load(model, heads={str(heads_dir)!r}) applies it)")
     accelerator.wait_for_everyone()
     return heads_dir, adapter_dir
 
