@@ -107,6 +107,10 @@ class DynamicTree:
         known = len(self.row_costs)
         return self.row_costs[rows - 1] if rows <= known else self.row_costs[-1] * rows / known
 
+    def step_cost(self, rows: int, asked_heads: bool) -> float:
+        """A whole step's cost in plain steps: verifying ``rows`` rows, plus the heads' proposal when they were asked."""
+        return self.cost(rows) + (self.heads_cost if asked_heads else 0.0)
+
     def choose(self, rank_probability: Sequence[Sequence[float]], chain_ranks: Sequence[int | None] = (), chain_length: int = 0) -> Tree:
         """This step's tree from ``rank_probability[d][r]``, head d+1's probability for its rank-r guess.
 
@@ -189,3 +193,45 @@ def row_costs_from_table(table: Sequence[dict], rows: int) -> tuple[float, ...]:
         above = [cost for size, cost in measured if size >= count]
         costs.append(above[0] if above else largest_cost * count / largest)
     return tuple(costs)
+
+
+# -- never slower than plain decoding ----------------------------------------------------------
+# Weight of the newest step in the running gain (an exponential average over about 8 steps).
+RECENT_STEP_WEIGHT = 0.125
+# The gain assumed before any step is seen: speculation gets a few steps to show what it buys.
+PRIOR_GAIN = 0.5
+# After speculation stops paying: plain steps before trying again, doubled after each failed try.
+FIRST_PAUSE_STEPS = 4
+MAX_PAUSE_STEPS = 64
+
+
+@dataclass(frozen=True)
+class SpeculationGate:
+    """Whether this generation's next step speculates or takes a plain one-token step (EAGLE's and
+    the seed articles' "fall back" rule, per prompt).
+
+    ``gain``: an exponential average over recent speculative steps of tokens committed minus the
+    step's cost in plain steps (:meth:`DynamicTree.step_cost`); a plain step commits one token for
+    a cost of one, a gain of 0. Once the average falls below 0 speculation is losing against plain
+    decoding on this text and machine, so the next ``pause`` steps are plain; then one step tries
+    again: if it pays, the gain recovers and speculation goes on, if not the pause doubles (up to
+    :data:`MAX_PAUSE_STEPS`). Immutable: the loop keeps the current one.
+    """
+
+    gain: float = PRIOR_GAIN
+    pause: int = 0  # plain steps left before the next try
+    next_pause: int = FIRST_PAUSE_STEPS
+
+    @property
+    def speculates(self) -> bool:
+        return self.pause == 0
+
+    def after_plain_step(self) -> "SpeculationGate":
+        return replace(self, pause=max(self.pause - 1, 0))
+
+    def after_speculative_step(self, tokens: int, cost: float) -> "SpeculationGate":
+        """The gate after a speculative step that committed ``tokens`` tokens at ``cost`` plain steps."""
+        gain = (1 - RECENT_STEP_WEIGHT) * self.gain + RECENT_STEP_WEIGHT * (tokens - cost)
+        if gain >= 0:
+            return SpeculationGate(gain, 0, FIRST_PAUSE_STEPS)
+        return SpeculationGate(gain, self.next_pause, min(2 * self.next_pause, MAX_PAUSE_STEPS))

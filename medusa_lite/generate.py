@@ -23,7 +23,7 @@ import torch
 
 from medusa_lite.cache import reserved_cache
 from medusa_lite.datastore import Datastore, datastore_continuation
-from medusa_lite.dynamic_tree import DynamicTree, chain_ranks
+from medusa_lite.dynamic_tree import DynamicTree, SpeculationGate, chain_ranks
 from medusa_lite.inputs import (
     as_datastore,
     as_prompt,
@@ -38,7 +38,7 @@ from medusa_lite.inputs import (
     eos_ids,
 )
 from medusa_lite.lookup import LOOKUP_TOKENS_PER_MATCHED_TOKEN, DraftTree, copy_after_match, draft_tree, graft_chain, latest_match
-from medusa_lite.model import MedusaModel, check_tree_attention_supported
+from medusa_lite.model import MedusaModel, TargetOutput, check_tree_attention_supported
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import Tree, as_tree, check_topk_fits
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
@@ -55,6 +55,7 @@ DEFAULT_DATASTORE_TOKENS = 4
 # A prompt-lookup match this long is preferred to the datastore (replay: 2 tokens 1.908x, 1 1.893x, 3 1.888x).
 TRUSTED_MATCH_TOKENS = 2
 NO_CHAIN = torch.zeros(0, dtype=torch.long)
+ROOT_ONLY = Tree(())  # a plain step's draft: the root alone
 
 
 @dataclass
@@ -76,6 +77,7 @@ class GenerationStats:
     lookup_steps: int = 0  # steps whose accepted path used a guess only a lookup (prompt or datastore) made
     datastore_steps: int = 0  # of those, steps whose lookup chain came from the datastore
     verified_rows: int = 0  # tree + lookup rows verified, summed over steps
+    plain_steps: int = 0  # steps taken without guesses because speculation was not paying (SpeculationGate)
 
     @property
     def steps(self) -> int:
@@ -112,6 +114,7 @@ class GenerationStats:
             "lookup_steps": self.lookup_steps,
             "datastore_steps": self.datastore_steps,
             "verified_rows": self.verified_rows,
+            "plain_steps": self.plain_steps,
             "mean_verified_rows": self.mean_verified_rows,
             "tree_nodes": self.tree_nodes,
             "tree_depth": self.tree_depth,
@@ -174,6 +177,15 @@ def lookup_chain(history: torch.Tensor, lookup_tokens: int, datastore: Datastore
         if stored.numel():
             return stored, True
     return copy_after_match(history, n, follow, lookup_tokens, LOOKUP_TOKENS_PER_MATCHED_TOKEN), False
+
+
+def verify_draft(model: MedusaModel, cache, draft: DraftTree) -> TargetOutput:
+    """The target's logits and hidden states at every draft node; a root-only draft takes a plain
+    one-token forward (no tree mask), as cheap as a step of ``model.generate``."""
+    if draft.num_nodes > 1:
+        return verify_tree(model, cache, draft, draft.tokens)
+    out = model.target_forward(draft.tokens[None], cache=cache, use_cache=True)
+    return TargetOutput(logits=out.logits[0], hidden=out.hidden[0])
 
 
 # -- accept ------------------------------------------------------------------------------------
@@ -295,13 +307,20 @@ def generate(
         hidden = prefill.hidden[0, -1]
         finished = commit(root)
 
+    # A dynamic tree knows this machine's step costs: speculation pauses where it does not pay (SpeculationGate).
+    pricing = full_tree if isinstance(full_tree, DynamicTree) else None
+    gate = SpeculationGate()
     while not finished:
         # Never guess past max_new_tokens: a step commits at most depth + 1 tokens.
         room = max_new_tokens - stats.new_tokens - 1
         prefix_len = cache.get_seq_length()
-        chain, from_datastore = lookup_chain(history, min(lookup_tokens, room), datastore, min(datastore_tokens, room))
-        draft = propose(model, hidden, root, full_tree.pruned(room), chain)
-        verified = verify_tree(model, cache, draft, draft.tokens)
+        speculates = pricing is None or gate.speculates
+        chain, from_datastore = NO_CHAIN, False
+        if speculates:
+            chain, from_datastore = lookup_chain(history, min(lookup_tokens, room), datastore, min(datastore_tokens, room))
+        step_tree = full_tree.pruned(room) if speculates else ROOT_ONLY
+        draft = propose(model, hidden, root, step_tree, chain)
+        verified = verify_draft(model, cache, draft)
         stats.target_calls += 1
         target_tokens = pick_tokens(verified.logits, settings, generator)
         path = accepted_path(draft, draft.tokens, target_tokens)
@@ -309,6 +328,11 @@ def generate(
         root = target_tokens[path[-1:]]
         hidden = verified.hidden[path[-1]]
         record_step(stats, path.numel() - 1, bool(draft.from_lookup[path.cpu()].any()), from_datastore, draft.num_nodes)
+        if pricing is not None:
+            asked_heads = speculates and step_tree.depth > 0 and step_tree.max_nodes > 1
+            cost = pricing.step_cost(draft.num_nodes, asked_heads)
+            gate = gate.after_speculative_step(path.numel(), cost) if speculates else gate.after_plain_step()
+            stats.plain_steps += not speculates
         finished = commit(torch.cat([draft.tokens[path[1:]], root]))
 
     sequences = history[None]
