@@ -12,8 +12,9 @@ calls, prefill included: plain decoding scores 1.00). ``--compare`` then runs pl
 whether both outputs are token-identical. Both are warmed up first so neither pays first-call costs.
 
 The other subcommands (``medusa-lite SUBCOMMAND --help``) live in :mod:`medusa_lite.commands`:
+``calibrate`` (tree.json for this machine), ``benchmark`` (Spec-Bench) and ``microbench``,
 ``train`` (also ``accelerate launch train/train_heads.py``), ``distill`` (a training set from the
-target itself), ``build-datastore``, ``push`` (heads to the Hub).
+target itself), ``build-datastore``, ``push`` (an artifact to the Hub).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import TextStreamer
@@ -38,11 +39,14 @@ DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 DEFAULT_MAX_NEW_TOKENS = 256
 WARMUP_TOKENS = 8
 GENERATE = "generate"
-SUBCOMMANDS = {  # name -> module with build_parser() and command(argv); imported only when run
-    "build-datastore": "medusa_lite.commands.build_datastore",
-    "distill": "medusa_lite.commands.distill",
-    "push": "medusa_lite.commands.push",
-    "train": "medusa_lite.commands.train",
+SUBCOMMANDS = {  # name -> "module:function(argv) -> exit status", imported only when run (as console_scripts)
+    "calibrate": "medusa_lite.commands.calibrate:main",
+    "build-datastore": "medusa_lite.commands.build_datastore:command",
+    "distill": "medusa_lite.commands.distill:command",
+    "benchmark": "medusa_lite.commands.benchmark:main",
+    "microbench": "medusa_lite.commands.microbench:main",
+    "push": "medusa_lite.commands.push:command",
+    "train": "medusa_lite.commands.train:command",
 }
 
 
@@ -147,10 +151,16 @@ def split_command(argv: Sequence[str]) -> tuple[str, list[str]]:
     return GENERATE, list(argv)
 
 
+def subcommand(name: str) -> Callable[[list[str]], int]:
+    """The function ``SUBCOMMANDS[name]`` names, its module imported now."""
+    module, function = SUBCOMMANDS[name].split(":")
+    return getattr(importlib.import_module(module), function)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``medusa-lite [SUBCOMMAND] ...``: run the subcommand; a clear error and exit status 2 on a ``MedusaError``."""
     name, arguments = split_command(sys.argv[1:] if argv is None else argv)
-    command = generate_command if name == GENERATE else importlib.import_module(SUBCOMMANDS[name]).command
+    command = generate_command if name == GENERATE else subcommand(name)
     try:
         return command(arguments)
     except MedusaError as error:

@@ -1,4 +1,4 @@
-"""``infer/benchmark.py`` end to end on a tiny model, and ``infer/microbench.py``."""
+"""``medusa-lite benchmark`` (Spec-Bench) end to end on a tiny model, and ``medusa-lite microbench``."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ from collections import Counter
 
 import pytest
 import torch
-from tiny_checkpoint import QUESTIONS, import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import QUESTIONS, save_tiny_checkpoint
 
 from medusa_lite import DynamicTree, Tree
+from medusa_lite.commands import benchmark, microbench
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.loading import write_tree_file
-
-benchmark = import_infer_script("benchmark")
-microbench = import_infer_script("microbench")
 
 OUTPUT_FILES = ("results.json", "results.md", "speedup_by_category.png", "acceptance_by_depth.png")
 

@@ -1,4 +1,4 @@
-"""``infer/calibrate_tree.py`` on a tiny random model: costs, accuracies, the choice, tree.json."""
+"""``medusa-lite calibrate`` on a tiny random model: costs, accuracies, the choice, tree.json."""
 
 from __future__ import annotations
 
@@ -6,11 +6,13 @@ import json
 
 import pytest
 import torch
-from tiny_checkpoint import NUM_HEADS, TOPK_ACCURACY, import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import NUM_HEADS, TOPK_ACCURACY, save_tiny_checkpoint
 from tiny_models import OracleMedusaModel, random_heads, tiny_base_model
 from transformers import DynamicCache
 
-from medusa_lite import DynamicTree, MedusaModel
+from medusa_lite import MedusaModel
+from medusa_lite.cli import main as cli_main
+from medusa_lite.commands import calibrate as calibrate_tree
 from medusa_lite.costs import step_costs
 from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
@@ -23,8 +25,6 @@ from medusa_lite.tree import Tree, best_tree, expected_accepted_tokens
 
 QUICK_ARGS = ["--dtype", "fp32", "--threads", "1", "--sizes", "1,2,4,8", "--prefix-tokens", "32", "--repeats", "2", "--warmup", "1"]
 
-
-calibrate_tree = import_infer_script("calibrate_tree")
 
 
 @pytest.fixture(scope="module")
@@ -184,5 +184,5 @@ def test_costs_only_needs_no_heads_and_writes_no_tree(checkpoint, tmp_path, caps
 
 def test_missing_accuracies_are_a_clear_error(tmp_path, capsys):
     model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
-    assert calibrate_tree.main(["--model", str(model_dir), "--heads", str(heads_dir), *QUICK_ARGS]) == 2
+    assert cli_main(["calibrate", "--model", str(model_dir), "--heads", str(heads_dir), *QUICK_ARGS]) == 2
     assert "--measure-on" in capsys.readouterr().err

@@ -23,7 +23,7 @@ from medusa_lite.datastore import SEPARATOR, Datastore
 TOKEN = "hf_loopback_test_token"
 NUM_RECORDS = 40
 PACKAGE_FILES = ("pyproject.toml", "README.md", "medusa_lite")  # what `pip install .` builds from
-INSTALLED_CHECK = "distill"  # the subcommand run through the installed console script
+INSTALLED_CHECK = "calibrate"  # the subcommand run through the installed console script
 
 
 def test_generate_is_the_default_subcommand():
@@ -128,7 +128,7 @@ def test_installed_package_runs_its_subcommands(tmp_path):
     ]
     subprocess.run(install, check=True, capture_output=True, timeout=300)
     env = {**os.environ, "PYTHONPATH": str(site)}
-    modules = [*SUBCOMMANDS.values(), "medusa_lite.cli"]
+    modules = [*(target.split(":")[0] for target in SUBCOMMANDS.values()), "medusa_lite.cli"]
     where = subprocess.run(
         [
             sys.executable,

@@ -8,11 +8,12 @@ import json
 import pytest
 import torch
 from row_gemm_cases import ROWS, SHAPES, assert_within_rounding
-from tiny_checkpoint import QUESTIONS, import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import QUESTIONS, save_tiny_checkpoint
 
 import medusa_lite.kernels as kernels
 import medusa_lite.prepack as prepack
 from medusa_lite.cli import summary_line
+from medusa_lite.commands import benchmark
 from medusa_lite.measure import TimedRun, machine_info
 
 
@@ -113,7 +114,6 @@ def test_the_choice_is_what_results_and_the_summary_report(fresh_choice):
 
 def test_the_benchmark_records_the_kernel_it_was_told_to_use(tmp_path, fresh_choice):
     """``--kernel off``: no ``plain_kernel`` (nothing to split), and results say the kernel was off."""
-    benchmark = import_infer_script("benchmark")
     fresh_choice.setenv(kernels.KERNEL_ENV_VAR, "auto")  # choose_kernel writes the variable; monkeypatch restores it
     model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
     questions_file = tmp_path / "questions.jsonl"

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import training_fixtures
-from tiny_checkpoint import import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import save_tiny_checkpoint
 from tiny_models import TINY_SIZES, plain_greedy, random_heads, tiny_base_model
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -394,7 +394,8 @@ def test_machine_info_records_prepacked_rows(checkpoint):
 
 @pytest.mark.parametrize("flags", [[], ["--no-prepack"]], ids=["default", "no-prepack"])
 def test_benchmark_records_prepacking(checkpoint, tmp_path, flags):
-    benchmark = import_infer_script("benchmark")
+    from medusa_lite.commands import benchmark
+
     questions_file = tmp_path / "questions.jsonl"
     questions_file.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["What is the capital city of France?"]}) + "\n")
     out = tmp_path / "bench"
@@ -408,7 +409,8 @@ def test_benchmark_records_prepacking(checkpoint, tmp_path, flags):
 def test_benchmark_plain_kernel_method(checkpoint, tmp_path):
     """``plain_kernel``: plain generate with one-row steps through the kernel, and the speculation's own speed-up."""
     require_row_gemm()
-    benchmark = import_infer_script("benchmark")
+    from medusa_lite.commands import benchmark
+
     questions_file = tmp_path / "questions.jsonl"
     questions_file.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["What is the capital city of France?"]}) + "\n")
     args = ["--model", str(checkpoint[0]), "--heads", str(checkpoint[1]), "--questions", str(questions_file), "--methods", "plain_kernel", "heads"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 from tiny_models import tiny_base_model
@@ -19,7 +17,6 @@ QUESTIONS = [
     {"question_id": 2, "category": "qa", "turns": ["What is the capital city of France?"]},
     {"question_id": 3, "category": "writing", "turns": ["Describe a busy market in the morning."]},
 ]
-INFER_DIR = Path(__file__).resolve().parent.parent / "infer"
 
 
 def save_tiny_checkpoint(folder: Path, *, training_summary: dict | None = None) -> tuple[Path, Path]:
@@ -36,13 +33,3 @@ def save_tiny_checkpoint(folder: Path, *, training_summary: dict | None = None) 
     heads.config.training_summary = dict(training_summary or {})
     heads.save_pretrained(folder / "heads")
     return folder / "model", folder / "heads"
-
-
-def import_infer_script(name: str):
-    """Import ``infer/<name>.py`` (a script folder, not a package) as module ``infer_<name>``."""
-    path = INFER_DIR / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"infer_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module

@@ -1,8 +1,11 @@
-"""Spec-Bench: medusa-lite against plain ``model.generate`` and prompt-lookup decoding, side by side.
+"""``medusa-lite benchmark``: Spec-Bench, medusa-lite against plain ``model.generate`` and prompt-lookup decoding.
 
-    python infer/benchmark.py --quick 26          # 2 questions per category (the default)
-    python infer/benchmark.py --full --dtype fp32 --threads 2
-    python infer/benchmark.py --model M --heads H --tree tree.json --out outputs/benchmark-M
+    medusa-lite benchmark --quick 26          # 2 questions per category (the default)
+    medusa-lite benchmark --full --dtype fp32 --threads 2
+    medusa-lite benchmark --model M --heads H --tree tree.json --out outputs/benchmark-M
+
+``python infer/benchmark.py`` runs the same; the questions default to the repository's
+``data/spec_bench/question.jsonl`` (``--questions`` elsewhere).
 
 For each question: the first turn through the chat template, greedy, ``--max-new-tokens`` new
 tokens at most (all methods stop at EOS). The methods run in the same process,
@@ -55,22 +58,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
 from tqdm import tqdm
 
-from medusa_lite.commands.options import EXIT_USAGE_ERROR, prepack_choice, set_threads
-from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, timed
-from medusa_lite.errors import MedusaError
-from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
-from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
+from medusa_lite.commands.options import prepack_choice, set_threads
 from medusa_lite.dynamic_tree import DynamicTree
+from medusa_lite.errors import MedusaError
+from medusa_lite.extras import require_extra
+from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
+from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
 from medusa_lite.loading import DTYPES, find_tree_file, heads_source_for, load, read_tree_file, tree_of
+from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, timed
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, packed_from_rows, prepack_backend
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]  # a clone's root, where data/ lives
 DEFAULT_QUESTIONS = REPO_ROOT / "data" / "spec_bench" / "question.jsonl"
 DEFAULT_OUT = Path("outputs/benchmark")
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -149,7 +152,7 @@ class CallCounter:
     def __init__(self, module: torch.nn.Module):
         self.module, self.calls, self.handle = module, 0, None
 
-    def __enter__(self) -> "CallCounter":
+    def __enter__(self) -> CallCounter:
         self.handle = self.module.register_forward_pre_hook(self._count)
         return self
 
@@ -347,6 +350,8 @@ def slowest_line(summary: dict[str, dict[str, dict]]) -> str:
 def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
     names = list(summary)
     positions = range(len(names))
+    from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
+
     figure = Figure(figsize=(max(6, 0.7 * len(names) + 2), 4))
     axes = figure.subplots()
     compared = [method for method in summary[names[0]] if method != "plain"]
@@ -367,6 +372,8 @@ def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
 def plot_acceptance(summary: dict[str, dict[str, dict]], path: Path) -> None:
     method = next(m for m in ("medusa", "heads") if m in summary[OVERALL]) if {"medusa", "heads"} & set(summary[OVERALL]) else None
     rates = summary[OVERALL][method].get("acceptance_rate_by_depth", []) if method else []
+    from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
+
     figure = Figure(figsize=(5, 3.5))
     axes = figure.subplots()
     depths = [d + 1 for d in range(len(rates))]
@@ -382,7 +389,9 @@ def plot_acceptance(summary: dict[str, dict[str, dict]], path: Path) -> None:
 
 # -- the command -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Spec-Bench: medusa-lite vs plain generate vs prompt lookup, greedy.")
+    parser = argparse.ArgumentParser(
+        prog="medusa-lite benchmark", description="Spec-Bench: medusa-lite vs plain generate vs prompt lookup, greedy."
+    )
     parser.add_argument("--model", default=None, help="HF model folder or Hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--heads", default=None, help="Medusa heads folder or Hub repo (default: the shipped heads)")
     parser.add_argument("--tree", default=None, help="tree.json (default: as medusa_lite.load chooses)")
@@ -485,22 +494,27 @@ def tree_settings(tree: Tree | DynamicTree) -> dict:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    require_extra("matplotlib", "The benchmark's plots")  # before the run, not after it
     if args.kernel is not None:
         choose_kernel(args.kernel)
-    try:
-        set_threads(args.threads)
-        dtype = DTYPES[args.dtype]
-        model, tokenizer = load(args.model, heads=args.heads, dtype=dtype, tree=args.tree, prepack=prepack_choice(args))
-        questions = read_questions(args.questions)
-        questions = questions if args.full else stratified_subset(questions, args.quick)
-        progress = progress_writer(Path(args.out) / PROGRESS_FILE)
-        static_tree = static_tree_for(args, model) if "static_tree" in args.methods else None
-        records = run_benchmark(
-            model, tokenizer, questions, args.max_new_tokens, args.methods, args.lookup_tokens, args.datastore_tokens, on_record=progress, static_tree=static_tree
-        )
-    except MedusaError as error:
-        print(f"benchmark: error: {error}", file=sys.stderr)
-        return EXIT_USAGE_ERROR
+    set_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    model, tokenizer = load(args.model, heads=args.heads, dtype=dtype, tree=args.tree, prepack=prepack_choice(args))
+    questions = read_questions(args.questions)
+    questions = questions if args.full else stratified_subset(questions, args.quick)
+    progress = progress_writer(Path(args.out) / PROGRESS_FILE)
+    static_tree = static_tree_for(args, model) if "static_tree" in args.methods else None
+    records = run_benchmark(
+        model,
+        tokenizer,
+        questions,
+        args.max_new_tokens,
+        args.methods,
+        args.lookup_tokens,
+        args.datastore_tokens,
+        on_record=progress,
+        static_tree=static_tree,
+    )
     summary = summarize(records)
     tree = tree_of(model)
 
@@ -523,6 +537,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"wrote {args.out}/results.json, results.md, speedup_by_category.png, acceptance_by_depth.png")
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

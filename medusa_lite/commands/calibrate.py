@@ -1,9 +1,9 @@
-"""Size the candidate tree to your hardware and heads, and write it to ``tree.json`` beside the heads.
+"""``medusa-lite calibrate``: size the candidate tree to your hardware and heads, and write ``tree.json`` beside the heads.
 
-    python infer/calibrate_tree.py                         # default model + shipped heads, fp32 on CPU
-    python infer/calibrate_tree.py --dtype fp32 --threads 2
-    python infer/calibrate_tree.py --model M --heads H --measure-on my_prompts.jsonl
-    python infer/calibrate_tree.py --costs-only            # step (a) only; no trained heads needed
+    medusa-lite calibrate                         # default model + shipped heads, fp32 on CPU
+    medusa-lite calibrate --dtype fp32 --threads 2
+    medusa-lite calibrate --model M --heads H --measure-on my_prompts.jsonl
+    medusa-lite calibrate --costs-only            # step (a) only; no trained heads needed
 
 (a) Cost: over a cached prefix of ``--prefix-tokens`` tokens, time one decoding step with a tree
     of N nodes for each N in ``--sizes``: propose (heads) + verify (one target forward of N
@@ -32,7 +32,6 @@ import argparse
 import json
 import random
 import statistics
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -43,12 +42,22 @@ from tqdm import tqdm
 from transformers import Cache
 
 from medusa_lite.cache import reserved_cache
-from medusa_lite.commands.options import EXIT_USAGE_ERROR, set_threads
-from medusa_lite.measure import chat_input_ids, machine_info, plain_generate
+from medusa_lite.commands.options import set_threads
 from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST, DynamicTree, row_costs_from_table
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import accepted_path, propose
-from medusa_lite.loading import DEFAULT_HEADS_DIR, DTYPES, TREE_FILE_NAME, MissingHeadsError, heads_source_for, load, load_target, verification_rows, write_tree_file
+from medusa_lite.loading import (
+    DEFAULT_HEADS_DIR,
+    DTYPES,
+    TREE_FILE_NAME,
+    MissingHeadsError,
+    heads_source_for,
+    load,
+    load_target,
+    verification_rows,
+    write_tree_file,
+)
+from medusa_lite.measure import chat_input_ids, machine_info, plain_generate
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import MKL, default_backend, prepack_linears, prepack_supported
 from medusa_lite.sampling import SamplingSettings, pick_tokens
@@ -254,7 +263,9 @@ def format_table(rows: Sequence[Row], chosen: Row | None) -> str:
 
 # -- the command -------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Choose the candidate tree size for this machine and these heads.")
+    parser = argparse.ArgumentParser(
+        prog="medusa-lite calibrate", description="Choose the candidate tree size for this machine and these heads."
+    )
     parser.add_argument("--model", default=None, help="HF model folder or Hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--heads", default=None, help=f"heads folder or Hub repo (default: {DEFAULT_HEADS_DIR})")
     parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
@@ -359,14 +370,5 @@ def calibrate(args: argparse.Namespace) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        calibrate(args)
-    except MedusaError as error:
-        print(f"calibrate_tree: error: {error}", file=sys.stderr)
-        return EXIT_USAGE_ERROR
+    calibrate(build_parser().parse_args(argv))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

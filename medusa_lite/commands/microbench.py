@@ -1,7 +1,7 @@
-"""Micro-benchmark: medusa-lite vs plain ``model.generate`` on the same model, in one run.
+"""``medusa-lite microbench``: medusa-lite vs plain ``model.generate`` on the same model, in one run.
 
-    python infer/microbench.py                       # tiny random llama, nothing downloaded
-    python infer/microbench.py --model path/to/model --heads path/to/heads --dtype bf16
+    medusa-lite microbench                       # tiny random llama, nothing downloaded
+    medusa-lite microbench --model path/to/model --heads path/to/heads --dtype bf16
 
 Prints tokens/s and mean accepted tokens per target call (new tokens / target calls, prefill included:
 plain decoding = 1.00) of both, greedy, from a random prompt, best of ``--repeats`` runs after a
@@ -19,9 +19,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from medusa_lite.commands.options import set_threads
-from medusa_lite.measure import plain_generate, timed
 from medusa_lite.generate import generate
 from medusa_lite.loading import DTYPES, load, tree_of
+from medusa_lite.measure import plain_generate, timed
 from medusa_lite.model import MedusaModel
 from medusa_lite.sampling import SamplingSettings
 
@@ -85,7 +85,9 @@ def microbench(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="medusa-lite vs plain generate: tokens/s and mean accepted tokens.")
+    parser = argparse.ArgumentParser(
+        prog="medusa-lite microbench", description="medusa-lite vs plain generate: tokens/s and mean accepted tokens."
+    )
     parser.add_argument("--model", default=None, help="HF model (default: a tiny random llama, nothing downloaded)")
     parser.add_argument("--heads", default=None, help="trained heads for --model (default: fresh identity heads)")
     parser.add_argument("--num-heads", type=int, default=DEFAULT_NUM_HEADS, help="fresh heads to attach when --heads is not given")
@@ -112,6 +114,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
