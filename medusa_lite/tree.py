@@ -228,7 +228,10 @@ def as_tree(tree: "Tree | DynamicTree | Iterable[Sequence[int]] | None", num_hea
     elif isinstance(tree, (Tree, DynamicTree)):
         resolved = tree
     else:
-        paths = list(tree)
+        try:
+            paths = list(tree)
+        except TypeError as error:
+            raise TreeError(f"tree must be a Tree, a DynamicTree or a list of top-k rank paths, got {type(tree).__name__}") from error
         hashable = _as_hashable(paths)
         resolved = Tree.from_paths(paths) if hashable is None else _tree_from_hashable(hashable)
     resolved.check_fits(num_heads)
