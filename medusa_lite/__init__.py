@@ -3,6 +3,8 @@
 from medusa_lite.datastore import Datastore, DatastoreError
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.errors import (
+    AdapterError,
+    ArtifactNotFoundError,
     DraftVocabError,
     GenerationInputError,
     HeadsFileError,
@@ -19,6 +21,8 @@ from medusa_lite.sampling import SamplingSettings, logits_to_probs
 from medusa_lite.tree import Tree, best_tree, default_tree
 
 __all__ = [
+    "AdapterError",
+    "ArtifactNotFoundError",
     "Datastore",
     "DatastoreError",
     "DraftVocabError",
