@@ -59,6 +59,7 @@ socket.socket.connect_ex = guard(socket.socket.connect_ex)
 """
 
 TREE = [[0], [1], [0, 0], [0, 0, 0]]
+TREE_V1 = [[0], [1], [2]]
 ROUND_TRIP_PROMPT = [5, 17, 40, 9, 33, 12]
 ROUND_TRIP_TOKENS = 24
 
@@ -262,10 +263,13 @@ def test_card_renders_only_what_was_recorded():
 ROUND_TRIP_SCRIPT = (
     NETWORK_GUARD
     + r"""
+import shutil
 import torch
 from medusa_lite import generate, load
 from medusa_lite.errors import ArtifactNotFoundError
 from medusa_lite.hub import push_heads_to_hub
+from medusa_lite.loading import write_tree_file
+from medusa_lite.tree import Tree
 
 model_dir, heads_dir, out = sys.argv[1:4]
 prompt = torch.tensor([PROMPT])
@@ -277,6 +281,12 @@ result = {
     "tree": [list(p) for p in model.tree.paths],
     "datastore_tokens": model.datastore.num_tokens,
 }
+# Branch v1: the same artifact with another tree; every file is read from the revision asked for.
+v1 = shutil.copytree(heads_dir, heads_dir + "-v1")
+write_tree_file(v1 + "/tree.json", Tree.from_paths(TREE_V1), {})
+push_heads_to_hub(v1, "alice/medusa2-heads", revision="v1")
+result["tree_v1"] = [list(p) for p in load(model_dir, heads="alice/medusa2-heads", heads_revision="v1")[0].tree.paths]
+result["tree_main"] = [list(p) for p in load(model_dir, heads="alice/medusa2-heads")[0].tree.paths]
 errors = {}
 MISSING = {
     "repo": dict(heads="alice/no-such-heads"),
@@ -301,6 +311,7 @@ def test_medusa2_artifact_round_trip_gives_the_adapted_models_outputs(tmp_path):
         heads_dir / DATASTORE_FILE_NAME
     )
     script = ROUND_TRIP_SCRIPT.replace("PROMPT", repr(ROUND_TRIP_PROMPT)).replace("NEW_TOKENS", str(ROUND_TRIP_TOKENS))
+    script = script.replace("TREE_V1", repr(TREE_V1))
     with HubServer() as hub:
         result = subprocess.run(
             [sys.executable, "-c", script, str(model_dir), str(heads_dir), str(tmp_path / "out.pt")],
@@ -341,7 +352,8 @@ def test_medusa2_artifact_round_trip_gives_the_adapted_models_outputs(tmp_path):
     assert torch.equal(loaded["sequences"], expected)
     torch.testing.assert_close(loaded["logits"], adapted(prompt).logits, atol=1e-4, rtol=1e-4)
     assert (loaded["logits"] - plain(prompt).logits).abs().max() > 0.1
-    assert loaded["tree"] == TREE and loaded["datastore_tokens"] == 4
+    assert loaded["tree"] == loaded["tree_main"] == TREE and loaded["datastore_tokens"] == 4
+    assert loaded["tree_v1"] == TREE_V1
     assert (
         "no Hub repo 'alice/no-such-heads'" in loaded["errors"]["repo"]
         and "private or gated" in loaded["errors"]["repo"]
