@@ -23,6 +23,7 @@ from medusa_lite import (
     load,
 )
 from medusa_lite.cli import main as cli_main
+from medusa_lite.commands.options import EXIT_USAGE_ERROR
 from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.errors import AdapterError, ArtifactNotFoundError
 from medusa_lite.measure import chat_input_ids
@@ -366,3 +367,12 @@ def test_the_command_line_decodes_with_the_adapted_target(medusa2, capsys):
     assert cli_main([*argv, "--max-new-tokens", "16", "--dtype", "fp32", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     assert texts["adapted"] in out and texts["plain"] not in out
+
+
+def test_the_command_line_reports_a_heads_typo_as_a_usage_error(medusa2, capsys):
+    model_dir, heads_dir = medusa2
+    code = cli_main(["--model", str(model_dir), "--heads", str(heads_dir) + "s", "--max-new-tokens", "4"])
+    err = capsys.readouterr().err
+    assert code == EXIT_USAGE_ERROR
+    assert f"medusa-lite: error: Medusa heads folder {heads_dir}s does not exist; did you mean {heads_dir}?" in err
+    assert "Traceback" not in err
