@@ -115,6 +115,7 @@ def test_prepacked_linear_row_gemm_path_on_the_reference(reference_kernel, bias)
 
 
 def test_greedy_on_a_reference_packed_model_matches_plain_greedy(reference_kernel):
+    """Tree verification through the packed path, then plain decoding through its one-row path: both exact."""
     base = tiny_base_model("llama", vocab_size=VOCAB_SIZE, seed=3)
     prompt = torch.randint(0, VOCAB_SIZE, (1, 7), generator=torch.Generator().manual_seed(4))
     expected = plain_greedy(base, prompt, 20)
@@ -123,6 +124,10 @@ def test_greedy_on_a_reference_packed_model_matches_plain_greedy(reference_kerne
     out = generate(model, prompt, 20, tree=[(0,), (1,), (0, 0), (0, 0, 0)])
     assert torch.equal(out.sequences, expected)
     assert reference_kernel and min(reference_kernel) >= prepack.ROW_GEMM_MIN_ROWS, "verification never took the packed path"
+    reference_kernel.clear()
+    with prepack.packed_from_rows(base, 1):  # one-token decoding through the kernel too
+        assert torch.equal(plain_greedy(base, prompt, 20), expected)
+    assert 1 in reference_kernel, "one-row decoding never took the packed path"
 
 
 def test_draft_lm_head_on_the_reference(reference_kernel):
