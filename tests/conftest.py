@@ -26,8 +26,12 @@ def skip_reason(report) -> str:
 
 
 def pytest_terminal_summary(terminalreporter):
-    """Say which kernel tests did not run here and why, so a run on a CPU without the kernel is not mistaken for full coverage."""
-    skipped = [report for report in terminalreporter.stats.get("skipped", []) if KERNEL_SKIP_REASON.search(skip_reason(report))]
+    """Say which kernel tests did not run here and why: a run without the kernel is not full coverage."""
+    skipped = [
+        report
+        for report in terminalreporter.stats.get("skipped", [])
+        if KERNEL_SKIP_REASON.search(skip_reason(report))
+    ]
     if not skipped:
         return
     terminalreporter.section("kernel tests not run")
@@ -38,4 +42,6 @@ def pytest_terminal_summary(terminalreporter):
     for reason, nodeids in sorted(by_reason.items(), key=lambda item: -len(item[1])):
         files = sorted({nodeid.split("::")[0] for nodeid in nodeids})
         terminalreporter.write_line(f"  {len(nodeids)} x {reason}  ({', '.join(files)})")
-    terminalreporter.write_line("Their logic (packed layout, blocking, packed paths) ran against the PyTorch reference: tests/test_kernel_logic.py.")
+    terminalreporter.write_line(
+        "Their logic (packed layout, blocking, packed paths) ran on the PyTorch reference: tests/test_kernel_logic.py."
+    )

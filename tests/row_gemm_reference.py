@@ -21,23 +21,27 @@ from medusa_lite.kernels import SOURCE
 VARIANT_MACROS = {"avx512": "__AVX512F__", "avx2": "__AVX2__"}
 
 
+def branch_define(branch: str, variant: str, name: str) -> int:
+    match = re.search(rf"^#define {name} +(\d+)", branch, re.MULTILINE)
+    assert match, f"row_gemm.c's {variant} branch no longer defines {name}: update tests/row_gemm_reference.py"
+    return int(match.group(1))
+
+
 def kernel_constants(source: str | None = None) -> dict[str, tuple[int, int]]:
     """{variant: (BLOCK_COLS, MAX_ROWS)} as row_gemm.c defines them (BLOCK_COLS = LANES * VECTORS)."""
     text = SOURCE.read_text() if source is None else source
     block = re.search(r"^#define BLOCK_COLS +(.+?) *(/\*.*)?$", text, re.MULTILINE)
-    assert block and block.group(1).replace(" ", "") == "(LANES*VECTORS)", "BLOCK_COLS changed: update tests/row_gemm_reference.py"
+    assert block and block.group(1).replace(" ", "") == "(LANES*VECTORS)", (
+        "BLOCK_COLS changed: update tests/row_gemm_reference.py"
+    )
     branches = re.split(r"^#(?:el)?if ", text, flags=re.MULTILINE)[1:]
     constants = {}
     for variant, macro in VARIANT_MACROS.items():
         branch = next((b for b in branches if b.startswith(f"defined({macro})")), None)
         assert branch is not None, f"row_gemm.c has no {macro} branch: update tests/row_gemm_reference.py"
 
-        def define(name: str) -> int:
-            match = re.search(rf"^#define {name} +(\d+)", branch, re.MULTILINE)
-            assert match, f"row_gemm.c's {variant} branch no longer defines {name}: update tests/row_gemm_reference.py"
-            return int(match.group(1))
-
-        constants[variant] = (define("LANES") * define("VECTORS"), define("MAX_ROWS"))
+        lanes, vectors, max_rows = (branch_define(branch, variant, name) for name in ("LANES", "VECTORS", "MAX_ROWS"))
+        constants[variant] = (lanes * vectors, max_rows)
     return constants
 
 
@@ -50,8 +54,10 @@ def pack_reference(weight: torch.Tensor, block_cols: int) -> torch.Tensor:
     return padded.view(blocks, block_cols, in_features).transpose(1, 2).contiguous().view(-1)
 
 
-def row_gemm_reference(inputs: torch.Tensor, packed: torch.Tensor, out_features: int, block_cols: int, max_rows: int) -> torch.Tensor:
-    """row_gemm: inputs [R, K] times the packed weight -> [R, out_features], block by block, max_rows rows at a time."""
+def row_gemm_reference(
+    inputs: torch.Tensor, packed: torch.Tensor, out_features: int, block_cols: int, max_rows: int
+) -> torch.Tensor:
+    """row_gemm: inputs [R, K] times the packed weight -> [R, out_features], by block, max_rows rows at a time."""
     rows, in_features = inputs.shape
     blocks = -(-out_features // block_cols)
     assert packed.numel() == blocks * in_features * block_cols, "packed buffer of the wrong size"

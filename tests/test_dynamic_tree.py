@@ -105,10 +105,16 @@ def test_bad_policies_are_refused(arguments, message):
 @pytest.mark.parametrize("tokens_per_cost", [0.01, 2.0])
 @pytest.mark.parametrize("lookup_tokens", [0, 4])
 def test_partly_right_heads_match_plain_greedy(tokens_per_cost, lookup_tokens, monkeypatch):
-    """Each step's tree has several nodes (cheap or dear rows alike), some head guesses are accepted, output is exact."""
+    """Each step's tree has several nodes (cheap or dear rows alike), head guesses are accepted, output is exact."""
     chosen_nodes = []
     choose = DynamicTree.choose
-    monkeypatch.setattr(DynamicTree, "choose", lambda self, *args, **kwargs: chosen_nodes.append(choose(self, *args, **kwargs).num_nodes) or choose(self, *args, **kwargs))
+
+    def recorded_choose(self, *args, **kwargs):
+        tree = choose(self, *args, **kwargs)
+        chosen_nodes.append(tree.num_nodes)
+        return tree
+
+    monkeypatch.setattr(DynamicTree, "choose", recorded_choose)
     base = tiny_base_model("llama", vocab_size=96, seed=3)
     policy = DynamicTree(8, GENTLE_COSTS, tokens_per_cost)
     generator = torch.Generator().manual_seed(5)

@@ -32,7 +32,7 @@ def lookup_arguments(tree_name: str) -> dict:
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("tree_name", list(TREES))
 def test_random_heads_match_plain_greedy(family, tree_name):
-    """Random heads (their guesses rejected) and partly-right oracle heads alone (accepted or not) match plain greedy."""
+    """Random heads (guesses rejected) and partly-right oracle heads alone (accepted or not) match plain greedy."""
     base = family_base(family)
     model = MedusaModel(base, random_heads(base, num_heads=3, seed=4))
     generator = torch.Generator().manual_seed(5)
@@ -41,23 +41,28 @@ def test_random_heads_match_plain_greedy(family, tree_name):
         prompt = torch.randint(0, 96, (1, int(torch.randint(1, 20, (1,), generator=generator))), generator=generator)
         expected = plain_greedy(base, prompt, MAX_NEW_TOKENS)
         if index == 0 and family != "llama":  # a family's case is its own model, not llama's again
-            assert not torch.equal(expected, plain_greedy(family_base("llama"), prompt, MAX_NEW_TOKENS)), f"{family} reproduces llama"
+            llama = plain_greedy(family_base("llama"), prompt, MAX_NEW_TOKENS)
+            assert not torch.equal(expected, llama), f"{family} reproduces llama"
         out = generate(model, prompt, MAX_NEW_TOKENS, tree=TREES[tree_name], **lookup_arguments(tree_name))
         assert torch.equal(out.sequences, expected), f"{family}/{tree_name}: diverged from plain greedy"
         assert out.stats.new_tokens == MAX_NEW_TOKENS
         random_stats.append(out.stats)
         if tree_name == "root-only":
-            assert out.stats.steps == MAX_NEW_TOKENS - 1 and out.stats.mean_verified_rows == 1.0, "root-only verified more than the root"
+            assert out.stats.steps == MAX_NEW_TOKENS - 1, "root-only accepted a guess"
+            assert out.stats.mean_verified_rows == 1.0, "root-only verified more than the root"
         if TREES[tree_name] != []:  # heads alone, right some of the time
             oracle = PartlyRightOracle(base, random_heads(base, num_heads=3, seed=4), expected[0], seed=index)
-            oracle_out = generate(oracle, prompt, MAX_NEW_TOKENS, tree=TREES[tree_name], lookup_tokens=0, datastore=False)
+            oracle_out = generate(
+                oracle, prompt, MAX_NEW_TOKENS, tree=TREES[tree_name], lookup_tokens=0, datastore=False
+            )
             assert torch.equal(oracle_out.sequences, expected), f"{family}/{tree_name}: partly-right heads diverged"
             oracle_stats.append(oracle_out.stats)
     if TREES[tree_name] != []:
         per_step = [tokens for stats in oracle_stats for tokens in stats.tokens_per_step]
         depth = max(stats.tree_depth for stats in oracle_stats)
         # Heads-only runs took the accept path at every depth and the reject path too.
-        assert all(sum(stats.accepted_at_depth[d] for stats in oracle_stats) > 0 for d in range(depth)), "a depth never accepted a guess"
+        accepted = [sum(stats.accepted_at_depth[d] for stats in oracle_stats) for d in range(depth)]
+        assert min(accepted) > 0, f"a depth never accepted a guess (steps accepting at each depth: {accepted})"
         assert min(per_step) == 1, "no step rejected every guess"
     if tree_name == "lookup-only":
         assert sum(stats.lookup_steps for stats in random_stats) > 0, "the lookup chain was never accepted"

@@ -34,6 +34,7 @@ BLOCK_COLS, MAX_ROWS = VARIANT_BLOCKING[kernels.AVX2]
 PACKED_ROWS = 8
 VOCAB_SIZE = 96
 
+
 @pytest.mark.parametrize("block_cols, max_rows", BLOCKINGS)
 @pytest.mark.parametrize("out_features, in_features", SHAPES)
 def test_reference_reads_the_packed_layout_like_a_matmul(out_features, in_features, block_cols, max_rows):
@@ -69,16 +70,20 @@ def test_kernel_packs_and_multiplies_like_the_reference(variant, out_features, i
     generator = torch.Generator().manual_seed(out_features + in_features)
     weight = torch.randn(out_features, in_features, generator=generator)
     packed = kernels.pack_for_row_gemm(weight, variant)
-    assert torch.equal(packed, pack_reference(weight, block_cols)), "the kernel's packed layout differs from the reference's"
+    assert torch.equal(packed, pack_reference(weight, block_cols)), (
+        "the kernel's packed layout differs from the reference's"
+    )
     for rows in ROWS:
         inputs = torch.randn(rows, in_features, generator=generator)
         expected = row_gemm_reference(inputs, packed, out_features, block_cols, max_rows)
-        torch.testing.assert_close(kernels.row_gemm(inputs, packed, out_features, variant), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            kernels.row_gemm(inputs, packed, out_features, variant), expected, rtol=1e-5, atol=1e-5
+        )
 
 
 @pytest.fixture
 def reference_kernel(monkeypatch) -> list[int]:
-    """The reference stands in for the compiled kernel everywhere medusa_lite calls it; returns the row counts multiplied."""
+    """The reference stands in for the compiled kernel wherever medusa_lite calls it; records the rows multiplied."""
     calls: list[int] = []
 
     def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -105,8 +110,12 @@ def test_prepacked_linear_row_gemm_path_on_the_reference(reference_kernel, bias)
     with torch.inference_mode():
         for rows in range(1, PACKED_ROWS + 3):
             inputs = torch.randn(1, rows, 37, generator=generator)  # [batch, tokens, features], as inside a model
-            torch.testing.assert_close(packed(inputs), F.linear(inputs, linear.weight, linear.bias), rtol=1e-5, atol=1e-5)
-    assert reference_kernel == list(range(prepack.ROW_GEMM_MIN_ROWS, PACKED_ROWS + 1)), "rows outside the packed range took the packed path"
+            torch.testing.assert_close(
+                packed(inputs), F.linear(inputs, linear.weight, linear.bias), rtol=1e-5, atol=1e-5
+            )
+    assert reference_kernel == list(range(prepack.ROW_GEMM_MIN_ROWS, PACKED_ROWS + 1)), (
+        "rows outside the packed range took the packed path"
+    )
     with torch.inference_mode():
         linear.weight.mul_(2.0)  # a changed weight: its stale packed copy must not be used
         inputs = torch.randn(3, 37, generator=generator)
@@ -123,7 +132,9 @@ def test_greedy_on_a_reference_packed_model_matches_plain_greedy(reference_kerne
     model = MedusaModel(base, random_heads(base, num_heads=3))
     out = generate(model, prompt, 20, tree=[(0,), (1,), (0, 0), (0, 0, 0)])
     assert torch.equal(out.sequences, expected)
-    assert reference_kernel and min(reference_kernel) >= prepack.ROW_GEMM_MIN_ROWS, "verification never took the packed path"
+    assert reference_kernel and min(reference_kernel) >= prepack.ROW_GEMM_MIN_ROWS, (
+        "verification never took the packed path"
+    )
     reference_kernel.clear()
     with prepack.packed_from_rows(base, 1):  # one-token decoding through the kernel too
         assert torch.equal(plain_greedy(base, prompt, 20), expected)

@@ -107,7 +107,7 @@ def full_distribution_bonus_step(table: Table, prefix: Prefix, guesses: Prefix) 
 
 
 def typical_acceptance_step(table: Table, prefix: Prefix, guesses: Prefix) -> dict[Prefix, float]:
-    """Medusa's typical acceptance: keep a guess whose probability passes the entropy threshold; bonus from the full p."""
+    """Medusa's typical acceptance: keep a guess whose probability passes the entropy threshold; bonus from full p."""
     accepted = 0
     while accepted < len(guesses):
         p = table[prefix + guesses[:accepted]]
@@ -141,7 +141,9 @@ def sample_rule(table: Table, rule: StepRule, n: int, seed: int) -> dict[Prefix,
         while len(prefix) < NEW_TOKENS:
             step = rule(table, prefix, likeliest_chain(table, prefix))
             blocks = list(step)
-            pick = int(torch.multinomial(torch.tensor([step[b] for b in blocks], dtype=torch.float64), 1, generator=generator))
+            pick = int(
+                torch.multinomial(torch.tensor([step[b] for b in blocks], dtype=torch.float64), 1, generator=generator)
+            )
             prefix = (prefix + blocks[pick])[:NEW_TOKENS]
         counts[prefix] = counts.get(prefix, 0) + 1
     return counts
@@ -154,7 +156,9 @@ def total_variation(a: dict, b: dict) -> float:
 def test_the_exact_rule_enumerates_to_the_target_and_passes(base, table):
     """Positive control: the harness is right, so a rejection below is the rule's bias, not the harness's."""
     exact = exact_distribution(base, SETTINGS)
-    assert total_variation(rule_distribution(table, exact_step), exact) < 1e-6  # float32 forwards, one by one or batched
+    assert (
+        total_variation(rule_distribution(table, exact_step), exact) < 1e-6
+    )  # float32 forwards, one by one or batched
     counts = sample_rule(table, exact_step, NUM_SAMPLES, seed=1)
     assert chi_square_p_value(counts, exact, NUM_SAMPLES) > ALPHA
 
@@ -166,12 +170,18 @@ def test_the_draft_is_accepted_often(table):
     assert accepted > 0.5, f"the first step accepts {accepted:.2f} guesses on average"
 
 
-@pytest.mark.parametrize("rule", [full_distribution_bonus_step, typical_acceptance_step], ids=["bonus-from-full-p", "typical-acceptance"])
+@pytest.mark.parametrize(
+    "rule", [full_distribution_bonus_step, typical_acceptance_step], ids=["bonus-from-full-p", "typical-acceptance"]
+)
 def test_a_biased_rule_is_rejected(base, table, rule):
     exact = exact_distribution(base, SETTINGS)
     biased = rule_distribution(table, rule)
     assert sum(biased.values()) == pytest.approx(1.0)
     distance = total_variation(biased, exact)
-    assert distance > 0.01, f"{rule.__name__} is not biased here (total variation {distance:.4f}): the control shows nothing"
+    assert distance > 0.01, (
+        f"{rule.__name__} is not biased here (total variation {distance:.4f}): the control shows nothing"
+    )
     p_value = chi_square_p_value(sample_rule(table, rule, NUM_SAMPLES, seed=2), exact, NUM_SAMPLES)
-    assert p_value < ALPHA, f"the sampling tests' statistic missed {rule.__name__} (total variation {distance:.3f}, p={p_value:.2e})"
+    assert p_value < ALPHA, (
+        f"the sampling tests' statistic missed {rule.__name__} (total variation {distance:.3f}, p={p_value:.2e})"
+    )

@@ -20,7 +20,14 @@ from medusa_lite.training import loop
 from medusa_lite.training.data import TokenizedData, load_training_data
 from tiny_tokenizer import TINY_VOCAB_SIZE
 import training_fixtures
-from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv, write_distinct_pattern_data, write_pattern_data
+from training_fixtures import (
+    REPO_ROOT,
+    TRAIN_SCRIPT,
+    subprocess_env,
+    tiny_argv,
+    write_distinct_pattern_data,
+    write_pattern_data,
+)
 
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
@@ -41,8 +48,13 @@ def trained(tiny_target, tmp_path_factory) -> TrainedRun:
     torch.set_num_threads(1)
     data = write_distinct_pattern_data(tmp_path_factory.mktemp("distinct-data") / "train.jsonl")
     splits = []
+
+    def recorded_load(*args, **kwargs):
+        splits.append(load_training_data(*args, **kwargs))
+        return splits[-1]
+
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop, "load_training_data", lambda *args, **kwargs: splits.append(load_training_data(*args, **kwargs)) or splits[-1])
+        patch.setattr(loop, "load_training_data", recorded_load)
         result = train_heads.main(tiny_argv(tiny_target, data, tmp_path_factory.mktemp("run") / "out"))
     assert len(splits) == 1
     return TrainedRun(result, splits[0])

@@ -108,7 +108,9 @@ class PartlyRightOracle(OracleMedusaModel):
         draws = torch.randint(0, len(RIGHT_RANK_CHOICES), (reference.numel(), self.num_heads), generator=generator)
         self.right_rank = [[RIGHT_RANK_CHOICES[int(i)] for i in row] for row in draws]
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def head_logits(
+        self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         position = self.reference_position(hidden)
         count = self.num_heads if num_heads is None else num_heads
         vocab = self.config.vocab_size
@@ -137,7 +139,9 @@ class NextTokenOracle(OracleMedusaModel):
         super().__init__(base_model, heads, reference)
         self.fed: list[tuple[int, int, int]] = []
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def head_logits(
+        self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         assert next_tokens is not None and next_tokens.numel() == 1, "next-token heads must be fed the tree's root"
         position = self.reference_position(hidden)
         right_next = int(self.reference[position + 1])

@@ -64,10 +64,11 @@ def write_pattern_data(path: Path, num_records: int, *, seed: int = 0, answer_wo
 def write_distinct_pattern_data(path: Path, *, seed: int = 0, answer_words: int = 24) -> Path:
     """Every (question, starting word) pair once, in a seeded order: no two records are alike, so a
     held-out split is disjoint from the training split (``write_pattern_data`` repeats records)."""
+    answers = [" ".join(CYCLE[(start + i) % len(CYCLE)] for i in range(answer_words)) for start in range(len(CYCLE))]
     records = [
-        {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": " ".join(CYCLE[(start + i) % len(CYCLE)] for i in range(answer_words))}]}
+        {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]}
         for question in QUESTIONS
-        for start in range(len(CYCLE))
+        for answer in answers
     ]
     random.Random(seed).shuffle(records)
     return write_records(path, records)
