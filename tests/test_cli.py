@@ -121,7 +121,8 @@ def test_cli_greedy_streams_text_and_compares(checkpoint, capsys, monkeypatch):
     text = tokenizer.decode(tokens, skip_special_tokens=True)
     streamed = out[: out.index("[medusa-lite]")]
     assert len([chunk for chunk in chunks if chunk.strip()]) >= 2, f"the text was not streamed in pieces: {chunks}"
-    assert "".join(chunks) == text and streamed == text + "\n"  # the whole text, as it was streamed; the streamer ends the line
+    # The whole text, as it was streamed (the streamer ends the line).
+    assert "".join(chunks) == text and streamed == text + "\n"
 
 
 def test_cli_sampling_is_seeded(checkpoint, capsys):

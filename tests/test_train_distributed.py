@@ -32,6 +32,7 @@ pytestmark = pytest.mark.slow
 
 ACCELERATE = Path(sys.executable).parent / "accelerate"
 LAUNCH_TIMEOUT_S = 600
+RESUME_RUN = dict(max_steps=40, checkpoint_every=10)  # killed while writing step 20's checkpoint
 DIGEST_LINE = re.compile(r"trainable weights sha256 per rank: \[([^\]]*)\]")
 
 
@@ -91,6 +92,12 @@ def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout_s: fl
         time.sleep(0.05)
 
 
+def run_to_the_end(argv: list[str]) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
 def heads_tensors(folder: Path) -> dict:
     return load_file(folder / "heads" / "model.safetensors")
 
@@ -101,7 +108,7 @@ def test_kill_9_mid_checkpoint_write_then_resume_gives_the_uninterrupted_weights
     killed, uninterrupted = tmp_path / "killed", tmp_path / "uninterrupted"
 
     def argv(out: Path) -> list[str]:
-        return [sys.executable, str(TRAIN_SCRIPT), *tiny_argv(tiny_target, pattern_data, out, max_steps=40, checkpoint_every=10)]
+        return [sys.executable, str(TRAIN_SCRIPT), *tiny_argv(tiny_target, pattern_data, out, **RESUME_RUN)]
 
     checkpoints = killed / "checkpoints"
     half_written = checkpoints / f"{ckpt.TEMP_PREFIX}{ckpt.step_dir_name(20)}"
@@ -123,13 +130,11 @@ def test_kill_9_mid_checkpoint_write_then_resume_gives_the_uninterrupted_weights
     assert process.returncode == -signal.SIGKILL
     assert half_written.is_dir() and not (killed / "heads").exists(), "the killed run must have stopped mid-write"
 
-    done = subprocess.run(argv(killed) + ["--resume"], cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    assert done.returncode == 0, done.stderr[-3000:]
+    done = run_to_the_end(argv(killed) + ["--resume"])
     assert f"removed an incomplete checkpoint (interrupted write): {half_written}" in done.stdout
     assert re.search(r"resuming from \S+step-00000010 at step 10/40", done.stdout), done.stdout[-2000:]
     assert not half_written.exists()
-    reference = subprocess.run(argv(uninterrupted), cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    run_to_the_end(argv(uninterrupted))
 
     resumed, expected = heads_tensors(killed), heads_tensors(uninterrupted)
     assert resumed.keys() == expected.keys()
