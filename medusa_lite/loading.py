@@ -53,8 +53,6 @@ DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-h
 TREE_FILE_FORMAT = "medusa-lite-tree/1"
 # SDPA that keeps grouped-query keys/values unexpanded under the tree mask on CPU (medusa_lite.attention).
 ATTN_IMPLEMENTATION = TREE_SDPA
-# "auto" = default_dtype(device). Command-line names of the dtypes.
-DTYPES = {"auto": None, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 TreeSpec = Tree | DynamicTree | Iterable[Sequence[int]] | str | os.PathLike | None
 DatastoreSpec = Datastore | str | os.PathLike | bool | None

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 import transformers
 
+from medusa_lite.dtypes import dtype_name
 from medusa_lite.kernels import cpu_capability, kernel_path
 from medusa_lite.prepack import prepack_backend, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
@@ -93,7 +94,7 @@ def machine_info(dtype: torch.dtype, model: torch.nn.Module | None = None) -> di
         "cpu_capability": cpu_capability(),
         "kernel": kernel_path().as_dict(),
         "torch_threads": torch.get_num_threads(),
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": dtype_name(dtype),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

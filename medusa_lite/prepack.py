@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa_lite.dtypes import dtype_name
 from medusa_lite.errors import UnsupportedModelError
 from medusa_lite.kernels import pack_for_row_gemm, row_gemm, row_gemm_available, row_gemm_unavailable_reason
 
@@ -66,7 +67,7 @@ def prepack_unsupported_reason(model: nn.Module) -> str | None:
     if parameter.device.type != "cpu":
         return f"the model is on {parameter.device}, not on the CPU"
     if parameter.dtype != torch.float32:
-        return f"the model's weights are {str(parameter.dtype).removeprefix('torch.')}, not float32"
+        return f"the model's weights are {dtype_name(parameter.dtype)}, not float32"
     if default_backend() is None:
         return f"the row_gemm kernel is unavailable ({row_gemm_unavailable_reason()}) and this PyTorch build has no MKL packed linear ops"
     return None

@@ -6,10 +6,10 @@ import importlib.util
 
 import pytest
 import torch
+from tiny_tokenizer import make_tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from medusa_lite import default_model
-from tiny_tokenizer import make_tiny_tokenizer
+from medusa_lite import default_model, paths
 
 CHAT_PROMPT = "What is the capital of France?"
 EXPECTED_WORD = "Paris"
@@ -26,10 +26,10 @@ def test_missing_wheel_names_the_install_command(monkeypatch):
 
 
 def test_cache_folder_follows_the_environment_variable(monkeypatch, tmp_path):
-    monkeypatch.setenv(default_model.CACHE_ENV_VAR, str(tmp_path))
+    monkeypatch.setenv(paths.CACHE_ENV_VAR, str(tmp_path))
     assert default_model.default_model_dir() == tmp_path / "SmolLM2-135M-Instruct"
     assert default_model.default_model_dir(torch.float32) == tmp_path / "SmolLM2-135M-Instruct-float32"
-    monkeypatch.delenv(default_model.CACHE_ENV_VAR)
+    monkeypatch.delenv(paths.CACHE_ENV_VAR)
     assert default_model.default_model_dir().parent.name == "medusa-lite"
 
 

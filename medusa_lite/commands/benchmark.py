@@ -61,12 +61,13 @@ import torch
 from tqdm import tqdm
 
 from medusa_lite.commands.options import prepack_choice, set_threads
+from medusa_lite.dtypes import DTYPE_CHOICES, parse_dtype
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.errors import MedusaError
 from medusa_lite.extras import require_extra
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
-from medusa_lite.loading import DTYPES, find_tree_file, heads_source_for, load, read_tree_file, tree_of
+from medusa_lite.loading import find_tree_file, heads_source_for, load, read_tree_file, tree_of
 from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, timed
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, packed_from_rows, prepack_backend
@@ -405,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--datastore-tokens", type=int, default=DEFAULT_DATASTORE_TOKENS, help="datastore guesses per step for 'medusa' where the text has no match (0 = none)"
     )
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS), help="methods to run (plain always runs)")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
     parser.add_argument("--kernel", choices=KERNEL_CHOICES, default=None, help=f"set {KERNEL_ENV_VAR} for this run (default: as the environment says, else auto)")
@@ -498,7 +499,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.kernel is not None:
         choose_kernel(args.kernel)
     set_threads(args.threads)
-    dtype = DTYPES[args.dtype]
+    dtype = parse_dtype(args.dtype)
     model, tokenizer = load(args.model, heads=args.heads, dtype=dtype, tree=args.tree, prepack=prepack_choice(args))
     questions = read_questions(args.questions)
     questions = questions if args.full else stratified_subset(questions, args.quick)

@@ -43,12 +43,12 @@ from transformers import Cache
 
 from medusa_lite.cache import reserved_cache
 from medusa_lite.commands.options import set_threads
+from medusa_lite.dtypes import DTYPE_CHOICES, dtype_name, parse_dtype
 from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST, DynamicTree, row_costs_from_table
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import accepted_path, propose
 from medusa_lite.loading import (
     DEFAULT_HEADS_DIR,
-    DTYPES,
     TREE_FILE_NAME,
     MissingHeadsError,
     heads_source_for,
@@ -268,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", default=None, help="HF model folder or Hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--heads", default=None, help=f"heads folder or Hub repo (default: {DEFAULT_HEADS_DIR})")
-    parser.add_argument("--dtype", choices=list(DTYPES), default="auto", help="auto: fp32 on CPU, bf16 on GPU")
+    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--sizes", type=lambda text: [int(s) for s in text.split(",")], default=list(DEFAULT_SIZES), help="tree sizes (nodes) to time, comma-separated; 1 is always added")
     parser.add_argument("--prefix-tokens", type=int, default=DEFAULT_PREFIX_TOKENS)
@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_model(args: argparse.Namespace):
     """(MedusaModel, tokenizer, heads source or None); fresh stand-in heads for --costs-only without heads."""
-    dtype = DTYPES[args.dtype]
+    dtype = parse_dtype(args.dtype)
     try:
         source = heads_source_for(args.model, args.heads)
     except MissingHeadsError:
@@ -340,7 +340,7 @@ def calibrate(args: argparse.Namespace) -> Path | None:
     costs = measure_step_costs(model, trees, prefix_tokens=args.prefix_tokens, repeats=args.repeats, warmup=args.warmup, prepack=prepack)
     rows = prediction_table(trees, costs, accuracy)
     chosen = None if args.costs_only else best_row(rows)
-    print(f"{str(model.base_model.dtype).removeprefix('torch.')}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, {'pre-packed linears (' + str(default_backend()) + ') per tree size' if prepack else 'unpacked linears'}, accuracies: {accuracy_source}")
+    print(f"{dtype_name(model.base_model.dtype)}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, {'pre-packed linears (' + str(default_backend()) + ') per tree size' if prepack else 'unpacked linears'}, accuracies: {accuracy_source}")
     print(format_table(rows, chosen))
     if out is None:
         return None

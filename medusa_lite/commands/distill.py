@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from medusa_lite.commands.options import set_threads
-from medusa_lite.default_model import dtype_name, load_base_model
+from medusa_lite.default_model import load_base_model
+from medusa_lite.dtypes import EXPLICIT_DTYPE_CHOICES, dtype_name, parse_dtype
 from medusa_lite.training.distill import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -34,7 +35,6 @@ from medusa_lite.training.distill import (
 DEFAULT_NUM_SAMPLES = 3000
 DEFAULT_OUT = Path("data/self_distill/selfdistill.jsonl")
 EPSILON_SECONDS = 1e-9  # avoids dividing by zero when there was nothing left to do
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--response-top-p", type=float, default=DEFAULT_RESPONSE_TOP_P)
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=dtype_name(torch.bfloat16))
+    parser.add_argument("--dtype", choices=EXPLICIT_DTYPE_CHOICES, default=dtype_name(torch.bfloat16))
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument(
@@ -104,8 +104,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     set_threads(args.threads)
     settings = settings_from_args(args)
-    model, tokenizer = load_base_model(args.model, dtype=DTYPES[args.dtype], device=args.device)
-    run_settings = {"model": args.model or "default", "dtype": args.dtype, **asdict(settings)}
+    dtype = parse_dtype(args.dtype)
+    model, tokenizer = load_base_model(args.model, dtype=dtype, device=args.device)
+    run_settings = {"model": args.model or "default", "dtype": dtype_name(dtype), **asdict(settings)}
     if settings.task_openers:
         run_settings["task_openers"] = list(settings.task_openers)  # as JSON reads it back
     else:  # absent = none: files started before openers existed still resume

@@ -19,8 +19,9 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from medusa_lite.commands.options import set_threads
+from medusa_lite.dtypes import EXPLICIT_DTYPE_CHOICES, parse_dtype
 from medusa_lite.generate import generate
-from medusa_lite.loading import DTYPES, load, tree_of
+from medusa_lite.loading import load, tree_of
 from medusa_lite.measure import plain_generate, timed
 from medusa_lite.model import MedusaModel
 from medusa_lite.sampling import SamplingSettings
@@ -43,7 +44,7 @@ def tiny_random_model(dtype: torch.dtype) -> AutoModelForCausalLM:
 
 
 def build_model(args: argparse.Namespace) -> MedusaModel:
-    dtype = DTYPES[args.dtype]
+    dtype = parse_dtype(args.dtype)
     if args.model and args.heads:
         return load(args.model, heads=args.heads, dtype=dtype)[0]
     if args.model:
@@ -94,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS)
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    parser.add_argument("--dtype", choices=EXPLICIT_DTYPE_CHOICES, default="fp32")
     parser.add_argument("--threads", type=int, default=None)
     return parser
 

@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from medusa_lite.default_model import cache_root
 from medusa_lite.errors import MedusaError
+from medusa_lite.paths import cache_root
 
 SOURCE = Path(__file__).resolve().parent / "row_gemm.c"
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")

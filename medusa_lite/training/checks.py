@@ -16,11 +16,10 @@ import torch
 
 from medusa_lite.extras import install_command, require_extra
 from medusa_lite.training import checkpoint as ckpt
-from medusa_lite.training.config import TrainConfig
+from medusa_lite.training.config import GIGABYTE, TrainConfig
 from medusa_lite.training.errors import OutputDirError, TrackerError, TrainingConfigError
 
 HEADS_DIR = "heads"
-GIGABYTE = 1e9
 FREE_SPACE_MARGIN = 1.2
 ADAM_STATE_COPIES = 3  # weights + two moments, float32
 OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")

@@ -17,12 +17,13 @@ from pathlib import Path
 
 import yaml
 
+from medusa_lite.dtypes import DTYPE_CHOICES
 from medusa_lite.training.errors import TrainingConfigError
 
+GIGABYTE = 1e9  # bytes: the unit of max_cache_gb and of every size training reports
 DEFAULT_HEAD_DECAY = 0.8
 DEFAULT_MODEL_KEYWORD = "default"
 DATA_FORMATS = ("auto", "chat", "text")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 # What to train: Medusa heads (each head guesses one depth from the target's hidden state) or a
 # sequential drafter (medusa_lite.drafter: one decoder layer drafting depth d from its own depth d-1).
 DRAFTER_KINDS = ("medusa_heads", "sequential")
@@ -265,7 +266,7 @@ def validate(config: TrainConfig) -> None:
 
     require(bool(config.data), "config: data is required (one or more .jsonl/.json conversation files or .txt files)")
     require(config.data_format in DATA_FORMATS, f"config: data_format must be one of {DATA_FORMATS}, got {config.data_format!r}")
-    require(config.dtype in DTYPES, f"config: dtype must be one of {DTYPES}, got {config.dtype!r}")
+    require(config.dtype in DTYPE_CHOICES, f"config: dtype must be one of {DTYPE_CHOICES}, got {config.dtype!r}")
     require(config.drafter in DRAFTER_KINDS, f"config: drafter must be one of {DRAFTER_KINDS}, got {config.drafter!r}")
     if config.drafter == "sequential":
         require(config.lora is None, "config: drafter: sequential cannot be combined with lora (Medusa-2 trains Medusa heads with the backbone)")

@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from medusa_lite.training.config import GIGABYTE
 from medusa_lite.training.data import Sample, collate
 from medusa_lite.training.errors import HiddenCacheError
 
 INFO_NAME = "cache_info.json"
 BYTES_PER_VALUE = 2  # bfloat16
-GIGABYTE = 1e9
 SHARD_SEQUENCES = 512
 CACHE_VERSION = 1
 

@@ -26,7 +26,7 @@ from medusa_lite.heads import MedusaConfig, MedusaHeads
 from medusa_lite.training import checkpoint as ckpt
 from medusa_lite.training import hidden_cache
 from medusa_lite.training.checks import HEADS_DIR, check_free_space, check_output_dir, check_tracker, estimate_output_bytes
-from medusa_lite.training.config import TrainConfig
+from medusa_lite.training.config import GIGABYTE, TrainConfig
 from medusa_lite.training.data import TokenizedData, batch_indices, collate, load_training_data
 from medusa_lite.training.draft_vocab import DraftVocab, choose_draft_vocab, measure_draft_vocab
 from medusa_lite.training.errors import NonFiniteLossError, TrainingDataError
@@ -36,7 +36,6 @@ from medusa_lite.training.setup import build_objective, check_draft_vocab_fits, 
 
 METRICS_NAME = "metrics.jsonl"
 TRAIN_TOPK = 1  # training batches report top-1 only (top-k over the vocabulary costs time); eval reports top-k
-GIGABYTE = 1e9
 COVERAGE_DIGITS = 4
 
 

@@ -8,21 +8,20 @@ import os
 import torch
 
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.dtypes import AUTO, parse_dtype
 from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.model import MedusaModel
 from medusa_lite.training.checks import check_processes_connected
 from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
-from medusa_lite.training.errors import TrainingConfigError
 from medusa_lite.training.drafter_objective import DrafterObjective
+from medusa_lite.training.errors import TrainingConfigError
 from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_dtype(config: TrainConfig):
-    if config.dtype != "auto":
-        return DTYPES[config.dtype]
+    if config.dtype != AUTO:
+        return parse_dtype(config.dtype)
     return torch.bfloat16 if config.model == DEFAULT_MODEL_KEYWORD else "auto"
 
 
@@ -44,7 +43,7 @@ def load_target(config: TrainConfig, accelerator):
                 except OSError as error:
                     raise TrainingConfigError(f"could not load the target model {config.model!r}: {error}") from error
     model.eval().requires_grad_(False)
-    if config.dtype == "auto" and accelerator.device.type == "cpu" and model.dtype != torch.float32:
+    if config.dtype == AUTO and accelerator.device.type == "cpu" and model.dtype != torch.float32:
         # CPU: batched float32 matmuls run ~2-3x faster than bfloat16 ones here; the upcast
         # weights are exactly the stored (e.g. bf16) ones, so the features match inference closely.
         model = model.float()
