@@ -82,7 +82,9 @@ def integer_tensor(values: object, name: str) -> torch.Tensor:
     try:
         tensor = torch.as_tensor(values)
     except (TypeError, ValueError, RuntimeError, OverflowError) as error:
-        raise GenerationInputError(f"{name} must be a rectangular array of integer token ids; it could not be read ({error})") from error
+        raise GenerationInputError(
+            f"{name} must be a rectangular array of integer token ids; it could not be read ({error})"
+        ) from error
     if tensor.dtype.is_floating_point or tensor.dtype.is_complex or tensor.dtype == torch.bool:
         raise GenerationInputError(f"{name} must hold integer token ids, got dtype {tensor.dtype}")
     if tensor.is_meta:
@@ -100,7 +102,9 @@ def split_encoding(input_ids: object, attention_mask: object) -> tuple[object, o
             "pass a tokenizer's output or the token ids themselves"
         )
     if attention_mask is not None and input_ids.get("attention_mask") is not None:
-        raise GenerationInputError("attention_mask is given twice: in the input_ids mapping and as an argument; pass one")
+        raise GenerationInputError(
+            "attention_mask is given twice: in the input_ids mapping and as an argument; pass one"
+        )
     return input_ids["input_ids"], attention_mask if attention_mask is not None else input_ids.get("attention_mask")
 
 
@@ -110,7 +114,9 @@ def check_attention_mask(attention_mask: object, shape: torch.Size) -> None:
         return
     mask = integer_tensor(attention_mask, "attention_mask")
     if mask.shape != shape:
-        raise GenerationInputError(f"attention_mask has shape {tuple(mask.shape)} but input_ids has shape {tuple(shape)}; they must match")
+        raise GenerationInputError(
+            f"attention_mask has shape {tuple(mask.shape)} but input_ids has shape {tuple(shape)}; they must match"
+        )
     padding = int((mask == 0).sum())
     if padding:
         raise GenerationInputError(
@@ -143,7 +149,9 @@ def as_prompt(input_ids: object, device: torch.device, attention_mask: object = 
 def check_token_ids(prompt: torch.Tensor, vocab_size: int) -> None:
     low, high = int(prompt.min()), int(prompt.max())
     if low < 0 or high >= vocab_size:
-        raise GenerationInputError(f"prompt holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab_size})")
+        raise GenerationInputError(
+            f"prompt holds token id {low if low < 0 else high}, outside the model's vocabulary [0, {vocab_size})"
+        )
 
 
 # -- counts ------------------------------------------------------------------------------------
@@ -165,7 +173,7 @@ def check_lookup_tokens(lookup_tokens: object, name: str = "lookup_tokens") -> i
 
 # -- the datastore -----------------------------------------------------------------------------
 def as_datastore(datastore: object, model: MedusaModel) -> Datastore | None:
-    """``True``: the model's own datastore (if any); ``False``/``None``: none; else a :class:`Datastore` for this vocabulary."""
+    """``True``: the model's own datastore (if any); ``False``/``None``: none; else a :class:`Datastore` that fits."""
     if datastore is True:
         datastore = model.datastore
     if datastore is None or datastore is False:
@@ -222,7 +230,9 @@ def token_ids(value: object, name: str, vocab_size: int) -> list[int]:
         raise GenerationInputError(f"{name} must be a token id or a list of token ids, got {describe(value)}{hint}")
     outside = next((number for number in ids if not 0 <= number < vocab_size), None)
     if outside is not None:
-        raise GenerationInputError(f"{name} holds token id {outside}, outside the model's vocabulary [0, {vocab_size})")
+        raise GenerationInputError(
+            f"{name} holds token id {outside}, outside the model's vocabulary [0, {vocab_size})"
+        )
     return ids
 
 

@@ -28,7 +28,9 @@ class SamplingSettings:
         # Numbers may come as numpy scalars or 0-d tensors (medusa_lite.values); stored as Python numbers.
         t = as_real(self.temperature)
         if t is None or not math.isfinite(t) or t < 0:
-            raise GenerationInputError(f"temperature must be a finite number >= 0 (0 = greedy), got {describe(self.temperature)}")
+            raise GenerationInputError(
+                f"temperature must be a finite number >= 0 (0 = greedy), got {describe(self.temperature)}"
+            )
         object.__setattr__(self, "temperature", t)
         if self.top_k is not None:
             k = as_integer(self.top_k)
@@ -76,7 +78,9 @@ def logits_to_probs(logits: torch.Tensor, settings: SamplingSettings) -> torch.T
     return scores.softmax(dim=-1)
 
 
-def pick_tokens(logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator | None = None) -> torch.Tensor:
+def pick_tokens(
+    logits: torch.Tensor, settings: SamplingSettings, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """One token per row of logits [N, V]: the argmax (greedy) or an independent sample."""
     if settings.greedy:
         # In float32, like transformers' greedy search (also ~2x faster than a bf16 argmax on CPU).

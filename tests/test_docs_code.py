@@ -19,15 +19,17 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from tiny_models import random_heads, tiny_base_model
+from tiny_tokenizer import TINY_VOCAB_SIZE, make_tiny_tokenizer
 
 import medusa_lite
 import medusa_lite.loading
 from medusa_lite import MedusaModel
-from tiny_models import random_heads, tiny_base_model
-from tiny_tokenizer import TINY_VOCAB_SIZE, make_tiny_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
-FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.MULTILINE | re.DOTALL)
+FENCE = re.compile(
+    r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.MULTILINE | re.DOTALL
+)
 PYTHON_INFO = ("python", "py")
 SKIP_MARK = re.compile(r"<!--\s*docs-test:\s*skip\b")
 
@@ -57,7 +59,9 @@ DOCUMENTS_WITH_CODE = [path for path in documents() if path.is_file() and python
 def run_blocks(path: Path) -> None:
     namespace: dict = {"__name__": "__docs__"}
     for line, code in python_blocks(path):
-        exec(compile("\n" * line + code, str(path), "exec"), namespace)  # line numbers in tracebacks are the document's
+        exec(
+            compile("\n" * line + code, str(path), "exec"), namespace
+        )  # line numbers in tracebacks are the document's
 
 
 def tiny_default_load(real_load):
@@ -73,7 +77,9 @@ def tiny_default_load(real_load):
 
 
 def test_the_readme_has_python_code_to_run():
-    assert ROOT / "README.md" in DOCUMENTS_WITH_CODE, "README.md has no runnable ```python block: this test would check nothing there"
+    assert ROOT / "README.md" in DOCUMENTS_WITH_CODE, (
+        "README.md has no runnable ```python block: this test would check nothing there"
+    )
 
 
 def test_python_blocks_are_found_and_skip_marks_obeyed(tmp_path):

@@ -11,11 +11,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tiny_models import plain_greedy, random_heads, tiny_base_model
+from tiny_tokenizer import TINY_VOCAB_SIZE, make_tiny_tokenizer
 
 from medusa_lite import GenerationInputError, MedusaError, MedusaModel, generate
 from medusa_lite.inputs import check_generator
-from tiny_models import plain_greedy, random_heads, tiny_base_model
-from tiny_tokenizer import TINY_VOCAB_SIZE, make_tiny_tokenizer
 
 VOCAB = TINY_VOCAB_SIZE
 NEW_TOKENS = 6
@@ -74,7 +74,17 @@ def eos_case(model, expected):
 
 
 @pytest.mark.parametrize(
-    "form", [int, np.int64, np.int32, torch.tensor, lambda i: np.array([i]), lambda i: torch.tensor([i]), lambda i: [np.int64(i)], lambda i: (i,)]
+    "form",
+    [
+        int,
+        np.int64,
+        np.int32,
+        torch.tensor,
+        lambda i: np.array([i]),
+        lambda i: torch.tensor([i]),
+        lambda i: [np.int64(i)],
+        lambda i: (i,),
+    ],
 )
 def test_eos_token_id_in_any_integer_form_stops_like_an_int(model, eos_case, form):
     eos, stopped = eos_case
@@ -82,23 +92,30 @@ def test_eos_token_id_in_any_integer_form_stops_like_an_int(model, eos_case, for
     assert torch.equal(generate(model, PROMPT, NEW_TOKENS, eos_token_id=form(eos)).sequences, stopped)
 
 
-@pytest.mark.parametrize("prompt, match", [
-    (torch.tensor([[1, VOCAB]]), r"prompt holds token id 384, outside the model's vocabulary \[0, 384\)"),
-    (torch.tensor([[1, -2]]), "prompt holds token id -2"),
-    ([[1.5, 2.0]], "input_ids must hold integer token ids, got dtype torch.float"),
-    ([[True, False]], "input_ids must hold integer token ids, got dtype torch.bool"),
-    ([[1, 2], [3]], "input_ids must be a rectangular array of integer token ids"),
-    (b"abc", "input_ids must be token ids, got text"),
-    (3, "input_ids must be token ids .* got int"),
-    (np.array([["a", "b"]]), "input_ids must be a rectangular array of integer token ids"),
-], ids=repr)
+@pytest.mark.parametrize(
+    "prompt, match",
+    [
+        (torch.tensor([[1, VOCAB]]), r"prompt holds token id 384, outside the model's vocabulary \[0, 384\)"),
+        (torch.tensor([[1, -2]]), "prompt holds token id -2"),
+        ([[1.5, 2.0]], "input_ids must hold integer token ids, got dtype torch.float"),
+        ([[True, False]], "input_ids must hold integer token ids, got dtype torch.bool"),
+        ([[1, 2], [3]], "input_ids must be a rectangular array of integer token ids"),
+        (b"abc", "input_ids must be token ids, got text"),
+        (3, "input_ids must be token ids .* got int"),
+        (np.array([["a", "b"]]), "input_ids must be a rectangular array of integer token ids"),
+    ],
+    ids=repr,
+)
 def test_bad_prompt(model, prompt, match):
     refused(model, match, prompt, NEW_TOKENS)
 
 
 # -- counts and probabilities --------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["max_new_tokens", "lookup_tokens", "datastore_tokens"])
-@pytest.mark.parametrize("value, shown", [(2.5, "float 2.5"), (True, "bool True"), (-3, "int -3"), ("4", "str '4'"), (np.float64(3.0), "float64 3.0")])
+@pytest.mark.parametrize(
+    "value, shown",
+    [(2.5, "float 2.5"), (True, "bool True"), (-3, "int -3"), ("4", "str '4'"), (np.float64(3.0), "float64 3.0")],
+)
 def test_bad_counts_say_what_they_got(model, name, value, shown):
     kwargs = {"max_new_tokens": NEW_TOKENS, name: value}
     error = refused(model, f"{name} must be an integer >= 0", PROMPT, **kwargs)
@@ -111,26 +128,37 @@ def test_counts_as_numpy_or_tensor_scalars_give_the_same_tokens(model, expected,
     assert torch.equal(out, expected)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(temperature=True), "temperature must be a finite number >= 0 .* got bool True"),
-    (dict(temperature="0.7"), "temperature must be a finite number >= 0 .* got str '0.7'"),
-    (dict(temperature=torch.tensor([0.5, 0.5])), "temperature must be a finite number"),
-    (dict(temperature=1e400), "temperature must be a finite number"),
-    (dict(temperature=10**400), "temperature must be a finite number"),
-    (dict(temperature=1.0, top_k=np.float32(3)), "top_k must be a positive integer or None, got float32 3.0"),
-    (dict(temperature=1.0, top_k=True), "top_k must be a positive integer or None, got bool True"),
-    (dict(temperature=1.0, top_p=True), r"top_p must be in \(0, 1\] or None, got bool True"),
-    (dict(temperature=1.0, top_p=np.float64(1.5)), r"top_p must be in \(0, 1\] or None, got float64 1.5"),
-    (dict(temperature=1.0, top_p="high"), r"top_p must be in \(0, 1\]"),
-], ids=repr)
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(temperature=True), "temperature must be a finite number >= 0 .* got bool True"),
+        (dict(temperature="0.7"), "temperature must be a finite number >= 0 .* got str '0.7'"),
+        (dict(temperature=torch.tensor([0.5, 0.5])), "temperature must be a finite number"),
+        (dict(temperature=1e400), "temperature must be a finite number"),
+        (dict(temperature=10**400), "temperature must be a finite number"),
+        (dict(temperature=1.0, top_k=np.float32(3)), "top_k must be a positive integer or None, got float32 3.0"),
+        (dict(temperature=1.0, top_k=True), "top_k must be a positive integer or None, got bool True"),
+        (dict(temperature=1.0, top_p=True), r"top_p must be in \(0, 1\] or None, got bool True"),
+        (dict(temperature=1.0, top_p=np.float64(1.5)), r"top_p must be in \(0, 1\] or None, got float64 1.5"),
+        (dict(temperature=1.0, top_p="high"), r"top_p must be in \(0, 1\]"),
+    ],
+    ids=repr,
+)
 def test_bad_sampling_numbers(model, kwargs, match):
     refused(model, match, PROMPT, NEW_TOKENS, **kwargs)
 
 
 def test_numpy_sampling_settings_sample_like_python_numbers(model):
-    python = generate(model, PROMPT, NEW_TOKENS, temperature=0.8, top_k=20, top_p=0.9, generator=torch.Generator().manual_seed(4))
+    python = generate(
+        model, PROMPT, NEW_TOKENS, temperature=0.8, top_k=20, top_p=0.9, generator=torch.Generator().manual_seed(4)
+    )
     numpy = generate(
-        model, PROMPT, np.int64(NEW_TOKENS), temperature=np.float64(0.8), top_k=np.int32(20), top_p=torch.tensor(0.9, dtype=torch.float64),
+        model,
+        PROMPT,
+        np.int64(NEW_TOKENS),
+        temperature=np.float64(0.8),
+        top_k=np.int32(20),
+        top_p=torch.tensor(0.9, dtype=torch.float64),
         generator=torch.Generator().manual_seed(4),
     )
     assert torch.equal(python.sequences, numpy.sequences)
@@ -146,11 +174,14 @@ def test_near_zero_temperature_samples_the_argmax(model, expected, temperature):
 
 
 # -- generator and streamer --------------------------------------------------------------------
-@pytest.mark.parametrize("generator, match", [
-    (0, "generator must be a torch.Generator .* got int"),
-    (np.random.default_rng(0), "generator must be a torch.Generator .* got Generator"),
-    ("cpu", "generator must be a torch.Generator"),
-])
+@pytest.mark.parametrize(
+    "generator, match",
+    [
+        (0, "generator must be a torch.Generator .* got int"),
+        (np.random.default_rng(0), "generator must be a torch.Generator .* got Generator"),
+        ("cpu", "generator must be a torch.Generator"),
+    ],
+)
 def test_bad_generator(model, generator, match):
     refused(model, match, PROMPT, NEW_TOKENS, temperature=1.0, generator=generator)
 
@@ -176,11 +207,14 @@ class Recorder:
         self.ended = True
 
 
-@pytest.mark.parametrize("streamer, match", [
-    (PutOnly(), "streamer must have put.* and end.* PutOnly lacks end"),
-    (print, "streamer must have put.* builtin_function_or_method lacks put and end"),
-    ([], "lacks put and end"),
-])
+@pytest.mark.parametrize(
+    "streamer, match",
+    [
+        (PutOnly(), "streamer must have put.* and end.* PutOnly lacks end"),
+        (print, "streamer must have put.* builtin_function_or_method lacks put and end"),
+        ([], "lacks put and end"),
+    ],
+)
 def test_bad_streamer_is_refused_before_decoding(model, streamer, match):
     calls = []
     handle = model.base_model.register_forward_pre_hook(lambda *a: calls.append(1))
@@ -206,13 +240,17 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def chat(tokenizer):
     """transformers 5: apply_chat_template(..., return_tensors="pt") returns a BatchEncoding (the README's call)."""
-    encoding = tokenizer.apply_chat_template([{"role": "user", "content": "Why is the sky blue?"}], add_generation_prompt=True, return_tensors="pt")
+    encoding = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Why is the sky blue?"}], add_generation_prompt=True, return_tensors="pt"
+    )
     assert not isinstance(encoding, torch.Tensor) and "attention_mask" in encoding  # the case this section is for
     return encoding
 
 
 def test_batch_encoding_as_input_ids(model, chat):
-    assert torch.equal(generate(model, chat, NEW_TOKENS).sequences, generate(model, chat["input_ids"], NEW_TOKENS).sequences)
+    assert torch.equal(
+        generate(model, chat, NEW_TOKENS).sequences, generate(model, chat["input_ids"], NEW_TOKENS).sequences
+    )
 
 
 def test_batch_encoding_unpacked_like_model_generate(model, chat):
@@ -220,9 +258,14 @@ def test_batch_encoding_unpacked_like_model_generate(model, chat):
     assert torch.equal(out, plain_greedy(model.base_model, chat["input_ids"], NEW_TOKENS))
 
 
-@pytest.mark.parametrize("form", [dict, lambda e: e["input_ids"].numpy(), lambda e: e["input_ids"].tolist(), lambda e: e["input_ids"][0].tolist()])
+@pytest.mark.parametrize(
+    "form",
+    [dict, lambda e: e["input_ids"].numpy(), lambda e: e["input_ids"].tolist(), lambda e: e["input_ids"][0].tolist()],
+)
 def test_other_forms_of_the_prompt(model, chat, form):
-    assert torch.equal(generate(model, form(chat), NEW_TOKENS).sequences, generate(model, chat["input_ids"], NEW_TOKENS).sequences)
+    assert torch.equal(
+        generate(model, form(chat), NEW_TOKENS).sequences, generate(model, chat["input_ids"], NEW_TOKENS).sequences
+    )
 
 
 def test_unbatched_tokenizer_output_with_lists(model, tokenizer):
@@ -232,14 +275,17 @@ def test_unbatched_tokenizer_output_with_lists(model, tokenizer):
     assert out[0, : len(encoding["input_ids"])].tolist() == encoding["input_ids"]
 
 
-@pytest.mark.parametrize("case, match", [
-    ("padded", r"attention_mask marks 2 padding position\(s\): medusa-lite decodes one sequence at a time"),
-    ("wrong shape", r"attention_mask has shape \(1, 3\) but input_ids has shape \(1, 4\)"),
-    ("not 0/1", "attention_mask must hold only 1"),
-    ("float", "attention_mask must hold integer token ids"),
-    ("twice", "attention_mask is given twice"),
-    ("no ids", r"input_ids is a mapping without an 'input_ids' entry \(keys \['attention_mask'\]\)"),
-])
+@pytest.mark.parametrize(
+    "case, match",
+    [
+        ("padded", r"attention_mask marks 2 padding position\(s\): medusa-lite decodes one sequence at a time"),
+        ("wrong shape", r"attention_mask has shape \(1, 3\) but input_ids has shape \(1, 4\)"),
+        ("not 0/1", "attention_mask must hold only 1"),
+        ("float", "attention_mask must hold integer token ids"),
+        ("twice", "attention_mask is given twice"),
+        ("no ids", r"input_ids is a mapping without an 'input_ids' entry \(keys \['attention_mask'\]\)"),
+    ],
+)
 def test_bad_attention_mask_or_encoding(model, case, match):
     ones = torch.ones_like(PROMPT)
     arguments = {

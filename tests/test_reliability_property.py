@@ -17,6 +17,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
+from tiny_models import random_heads, tiny_base_model
 
 from medusa_lite import Datastore, DynamicTree, GenerationOutput, MedusaError, MedusaHeads, MedusaModel, generate
 from medusa_lite.datastore import DATASTORE_FILE_NAME
@@ -24,14 +25,15 @@ from medusa_lite.loading import read_tree_file, write_tree_file
 from medusa_lite.training.config import load_config
 from medusa_lite.training.data import read_records
 from medusa_lite.tree import Tree
-from tiny_models import random_heads, tiny_base_model
 
 VOCAB = 40
 NUM_HEADS = 2
 BASE = tiny_base_model("llama", vocab_size=VOCAB, seed=23, max_position_embeddings=64)
 MODEL = MedusaModel(BASE, random_heads(BASE, num_heads=NUM_HEADS, seed=24))
 PROMPT = torch.tensor([[1, 2, 3, 1, 2]])
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FAST = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 # -- values of every kind ----------------------------------------------------------------------
 scalars = st.one_of(
@@ -43,8 +45,27 @@ scalars = st.one_of(
     st.floats(0, 1),
     st.text(max_size=4),
     st.binary(max_size=4),
-    st.sampled_from([np.int64(3), np.int32(-2), np.float32(0.5), np.float64(math.nan), np.bool_(True), np.array(2), np.array([1, 2])]),
-    st.sampled_from([torch.tensor(3), torch.tensor(0.7), torch.tensor(True), torch.tensor([1, 2]), torch.zeros(2, 2), torch.tensor([])]),
+    st.sampled_from(
+        [
+            np.int64(3),
+            np.int32(-2),
+            np.float32(0.5),
+            np.float64(math.nan),
+            np.bool_(True),
+            np.array(2),
+            np.array([1, 2]),
+        ]
+    ),
+    st.sampled_from(
+        [
+            torch.tensor(3),
+            torch.tensor(0.7),
+            torch.tensor(True),
+            torch.tensor([1, 2]),
+            torch.zeros(2, 2),
+            torch.tensor([]),
+        ]
+    ),
     st.sampled_from([object(), print, {}, {"input_ids": [[1, 2]]}, torch.Generator(), Tree.from_paths([[0]])]),
 )
 junk = st.one_of(scalars, st.lists(scalars, max_size=3), st.tuples(scalars, scalars))
@@ -64,10 +85,16 @@ ARGUMENTS = {
     ),
     # Kept below 10**3: the room the KV cache reserves for a lookup chain is issue 22's "resource
     # limits" item (helper A's decoding loop), not argument checking.
-    "lookup_tokens": st.one_of(st.integers(0, 8), st.integers(-5, 1000), st.sampled_from([True, 2.5, "3", None, np.int64(2)])),
+    "lookup_tokens": st.one_of(
+        st.integers(0, 8), st.integers(-5, 1000), st.sampled_from([True, 2.5, "3", None, np.int64(2)])
+    ),
     "datastore": st.one_of(st.booleans(), st.none(), junk),
-    "datastore_tokens": st.one_of(st.integers(0, 8), st.integers(-5, 1000), st.sampled_from([False, 1.5, "2", None, torch.tensor(2)])),
-    "eos_token_id": st.one_of(st.none(), st.integers(0, VOCAB - 1), st.lists(st.integers(0, VOCAB - 1), max_size=3), junk),
+    "datastore_tokens": st.one_of(
+        st.integers(0, 8), st.integers(-5, 1000), st.sampled_from([False, 1.5, "2", None, torch.tensor(2)])
+    ),
+    "eos_token_id": st.one_of(
+        st.none(), st.integers(0, VOCAB - 1), st.lists(st.integers(0, VOCAB - 1), max_size=3), junk
+    ),
     "streamer": st.one_of(st.none(), junk),
     "generator": st.one_of(st.none(), st.just(torch.Generator()), junk),
     "attention_mask": st.one_of(st.none(), st.just(torch.ones_like(PROMPT)), junk),
@@ -110,8 +137,12 @@ def test_the_generate_property_reached_both_outcomes():
 
 # -- corrupted files ---------------------------------------------------------------------------
 json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=False), st.text(max_size=5)),
-    lambda children: st.one_of(st.lists(children, max_size=3), st.dictionaries(st.text(max_size=5), children, max_size=3)),
+    st.one_of(
+        st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=False), st.text(max_size=5)
+    ),
+    lambda children: st.one_of(
+        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
     max_leaves=6,
 )
 
@@ -165,7 +196,11 @@ def record(kind: str, call) -> None:
 def heads_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("heads")
     heads = random_heads(BASE, num_heads=NUM_HEADS)
-    heads.config.training_summary = {"topk_accuracy": [[0.5, 0.2], [0.3, 0.1]], "tree": [[0], [0, 0]], "data": "x.jsonl"}
+    heads.config.training_summary = {
+        "topk_accuracy": [[0.5, 0.2], [0.3, 0.1]],
+        "tree": [[0], [0, 0]],
+        "data": "x.jsonl",
+    }
     heads.save_pretrained(folder)
     return folder
 
@@ -195,7 +230,10 @@ def test_corrupted_tree_file(tmp_path_factory, data):
     how=st.sampled_from(["header", "bytes"]),
     header=st.dictionaries(
         st.sampled_from(["format", "vocab_size", "documents"]),
-        st.one_of(st.text(max_size=25), st.sampled_from(["medusa-lite-datastore/1", "medusa-lite-datastore/2", "0", "2", str(VOCAB), str(10**30)])),
+        st.one_of(
+            st.text(max_size=25),
+            st.sampled_from(["medusa-lite-datastore/1", "medusa-lite-datastore/2", "0", "2", str(VOCAB), str(10**30)]),
+        ),
         max_size=3,
     ),
 )
@@ -228,8 +266,19 @@ def test_corrupted_training_data(tmp_path_factory, data, suffix):
 @given(data=st.data())
 def test_corrupted_training_config(tmp_path_factory, data):
     path = tmp_path_factory.mktemp("config") / "train.yaml"
-    values = {"data": ["train.jsonl"], "num_heads": 2, "learning_rate": 1e-3, "weight_decay": 0.0, "lora": {"r": 4}, "head_loss_weights": [1.0, 0.5]}
-    path.write_text(yaml.safe_dump(mutate_json(data, values)) if data.draw(st.booleans()) else yaml.safe_dump(values)[: data.draw(st.integers(0, 80))])
+    values = {
+        "data": ["train.jsonl"],
+        "num_heads": 2,
+        "learning_rate": 1e-3,
+        "weight_decay": 0.0,
+        "lora": {"r": 4},
+        "head_loss_weights": [1.0, 0.5],
+    }
+    path.write_text(
+        yaml.safe_dump(mutate_json(data, values))
+        if data.draw(st.booleans())
+        else yaml.safe_dump(values)[: data.draw(st.integers(0, 80))]
+    )
     record("training config", lambda: load_config(path))
 
 
