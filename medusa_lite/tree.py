@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from medusa_lite.errors import TreeError
+from medusa_lite.values import as_integer, describe
 
 if TYPE_CHECKING:
     from medusa_lite.dynamic_tree import DynamicTree
@@ -35,18 +37,22 @@ def validate_paths(paths: Iterable[Sequence[int]]) -> tuple[Path, ...]:
     """
     if isinstance(paths, (str, bytes)):
         raise TreeError(f"a tree is a list of paths of top-k ranks, got the string {paths!r}")
-    if not isinstance(paths, Iterable):
-        raise TreeError(f"a tree is a list of paths of top-k ranks, got {type(paths).__name__} {paths!r:.40}")
+    try:
+        paths = list(paths)
+    except TypeError as error:
+        raise TreeError(f"a tree is a list of paths of top-k ranks, got {describe(paths)}") from error
     seen: set[Path] = set()
     for raw in paths:
+        if isinstance(raw, (torch.Tensor, np.ndarray)) and raw.ndim == 1:
+            raw = list(raw)  # a row of an array of paths
         if isinstance(raw, (str, bytes)) or not isinstance(raw, Sequence):
             raise TreeError(f"tree path {raw!r} is not a sequence of top-k ranks")
         if len(raw) == 0:
             raise TreeError("tree path () is empty: the root is implicit, list only paths of length >= 1")
-        for rank in raw:
-            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        path = tuple(as_integer(rank) for rank in raw)  # numpy and 0-d tensor integers are ranks too
+        for rank, number in zip(raw, path):
+            if number is None or number < 0:
                 raise TreeError(f"tree path {tuple(raw)!r} holds {rank!r}: ranks must be integers >= 0")
-        path = tuple(int(r) for r in raw)
         if path in seen:
             raise TreeError(f"tree path {path!r} appears twice")
         seen.add(path)
@@ -231,7 +237,7 @@ def as_tree(tree: "Tree | DynamicTree | Iterable[Sequence[int]] | None", num_hea
         try:
             paths = list(tree)
         except TypeError as error:
-            raise TreeError(f"tree must be a Tree, a DynamicTree or a list of top-k rank paths, got {type(tree).__name__}") from error
+            raise TreeError(f"a tree is a list of paths of top-k ranks, got {describe(tree)}") from error
         hashable = _as_hashable(paths)
         resolved = Tree.from_paths(paths) if hashable is None else _tree_from_hashable(hashable)
     resolved.check_fits(num_heads)
@@ -239,13 +245,18 @@ def as_tree(tree: "Tree | DynamicTree | Iterable[Sequence[int]] | None", num_hea
 
 
 def _as_hashable(paths: list) -> tuple | None:
-    """Paths as a tuple of tuples (so repeated calls reuse one Tree), or None if not hashable."""
+    """Paths as a tuple of tuples (so repeated calls reuse one Tree), or None unless every rank is a plain int.
+
+    The cache compares keys with ``==``, under which ``True == 1 == 1.0``: other types go through
+    validation every time, so that they are refused.
+    """
     try:
         hashable = tuple(tuple(p) if isinstance(p, Sequence) and not isinstance(p, (str, bytes)) else p for p in paths)
-        hash(hashable)
-        return hashable
     except TypeError:
         return None
+    if all(isinstance(p, tuple) and all(type(rank) is int for rank in p) for p in hashable):
+        return hashable
+    return None
 
 
 @lru_cache(maxsize=64)

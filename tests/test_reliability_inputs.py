@@ -342,3 +342,37 @@ def test_eval_mode_is_restored_after_an_error(dropout_model):
         generate(model, PROMPT, -1)
     assert model.training and all(m.training for m in model.modules())
     model.eval()
+
+
+# -- the tree ----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "tree",
+    [
+        np.array([[0], [1]]),
+        [[np.int64(0)], [np.int32(1)]],
+        [torch.tensor([0]), torch.tensor([1])],
+        [[torch.tensor(0)], [1]],
+    ],
+    ids=["array", "numpy ranks", "tensor rows", "0-d tensor rank"],
+)
+def test_tree_paths_with_numpy_or_tensor_ranks(model, tree):
+    assert torch.equal(
+        generate(model, PROMPT, NEW_TOKENS, tree=tree).sequences,
+        generate(model, PROMPT, NEW_TOKENS, tree=[[0], [1]]).sequences,
+    )
+
+
+@pytest.mark.parametrize(
+    "tree, match",
+    [
+        (torch.tensor(3), "a tree is a list of paths of top-k ranks, got a torch.int64 tensor"),
+        (5, "a tree is a list of paths of top-k ranks, got int 5"),
+        ([[0], [True]], r"tree path \(True,\) holds True: ranks must be integers >= 0"),
+        ([[0], [1.0]], r"holds 1.0: ranks must be integers"),
+    ],
+    ids=repr,
+)
+def test_bad_tree_argument(model, tree, match):
+    with pytest.raises(MedusaError, match=match) as caught:
+        generate(model, PROMPT, NEW_TOKENS, tree=tree)
+    assert isinstance(caught.value, ValueError)
