@@ -46,6 +46,7 @@ SUBCOMMANDS = {  # name -> "module:function(argv) -> exit status", imported only
     "distill": "medusa_lite.commands.distill:command",
     "benchmark": "medusa_lite.commands.benchmark:main",
     "microbench": "medusa_lite.commands.microbench:main",
+    "gpu-check": "medusa_lite.commands.gpu_check:main",
     "push": "medusa_lite.commands.push:command",
     "train": "medusa_lite.commands.train:command",
 }

@@ -70,8 +70,20 @@ class StepCosts:
 def model_signature(model: MedusaModel) -> dict:
     """What of the model shapes its step cost: architecture, sizes, and the heads' shape."""
     config = text_config(model.base_model)
-    fields = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size")
-    heads = {"num_heads": model.num_heads, "guess_vocab_size": model.guess_vocab_size, "num_layers": model.config.num_layers}
+    fields = (
+        "model_type",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+    )
+    heads = {
+        "num_heads": model.num_heads,
+        "guess_vocab_size": model.guess_vocab_size,
+        "num_layers": model.config.num_layers,
+    }
     return {**{name: getattr(config, name, None) for name in fields}, "heads": heads}
 
 
@@ -106,7 +118,9 @@ def chain_tree(rows: int) -> Tree:
 
 
 @torch.inference_mode()
-def measure_row_costs(model: MedusaModel, max_rows: int, *, rounds: int = CALIBRATION_ROUNDS, warmup: int = CALIBRATION_WARMUP_ROUNDS) -> StepCosts:
+def measure_row_costs(
+    model: MedusaModel, max_rows: int, *, rounds: int = CALIBRATION_ROUNDS, warmup: int = CALIBRATION_WARMUP_ROUNDS
+) -> StepCosts:
     """Time plain one-token steps, verifications of each of :data:`CALIBRATION_ROWS` up to ``max_rows`` rows,
     and the heads' proposal over a cached random prefix; medians, all sizes interleaved in a fresh order each round
     (``warmup`` untimed rounds, then up to ``rounds`` timed ones, fewer past :data:`CALIBRATION_BUDGET_S`)."""
@@ -132,7 +146,9 @@ def measure_row_costs(model: MedusaModel, max_rows: int, *, rounds: int = CALIBR
             tokens = torch.cat([root, candidates[: size - 1]])
             verified = verify_tree(model, cache, trees[size], tokens)
             verified.logits.argmax(dim=-1)
-            keep_accepted_in_cache(cache, CALIBRATION_PREFIX_TOKENS, torch.zeros(1, dtype=torch.long, device=model.device))
+            keep_accepted_in_cache(
+                cache, CALIBRATION_PREFIX_TOKENS, torch.zeros(1, dtype=torch.long, device=model.device)
+            )
 
         return run
 
@@ -165,10 +181,20 @@ def read_cached_costs(path: Path, key: dict, max_rows: int) -> StepCosts | None:
     """The costs cached at ``path`` when they were measured for ``key`` and cover ``max_rows`` rows, else None."""
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
-        costs = StepCosts(tuple(float(c) for c in values["row_costs"]), float(values["heads_cost"]), float(values["plain_step_ms"]), values["key"], float(values["seconds"]))
+        costs = StepCosts(
+            tuple(float(c) for c in values["row_costs"]),
+            float(values["heads_cost"]),
+            float(values["plain_step_ms"]),
+            values["key"],
+            float(values["seconds"]),
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent or unreadable: measure again
-    return costs if values.get("format") == COSTS_FORMAT and costs.key == key and len(costs.row_costs) >= max_rows else None
+    return (
+        costs
+        if values.get("format") == COSTS_FORMAT and costs.key == key and len(costs.row_costs) >= max_rows
+        else None
+    )
 
 
 def write_cached_costs(path: Path, costs: StepCosts) -> None:

@@ -63,7 +63,9 @@ class DynamicTree:
             raise TreeError(f"a dynamic tree needs max_nodes >= 1 (the root), got {self.max_nodes!r}")
         costs = tuple(self.row_costs)
         if not costs or not all(is_positive_number(cost) for cost in costs):
-            raise TreeError(f"row_costs must be a non-empty list of positive step costs by verified rows, got {list(costs)!r}")
+            raise TreeError(
+                f"row_costs must be a non-empty list of positive step costs by verified rows, got {list(costs)!r}"
+            )
         object.__setattr__(self, "row_costs", monotone(tuple(float(cost) for cost in costs)))
         if not is_positive_number(self.tokens_per_cost):
             raise TreeError(f"tokens_per_cost must be a positive number, got {self.tokens_per_cost!r}")
@@ -89,14 +91,14 @@ class DynamicTree:
         """What a tree file's ``"dynamic"`` entry keeps: no costs, which belong to the machine that decodes."""
         return {"max_nodes": self.max_nodes, "tokens_per_cost": self.tokens_per_cost}
 
-    def with_costs(self, row_costs: Sequence[float], heads_cost: float = 0.0) -> "DynamicTree":
+    def with_costs(self, row_costs: Sequence[float], heads_cost: float = 0.0) -> DynamicTree:
         """The same policy priced by other step costs (this machine's, :mod:`medusa_lite.costs`)."""
         return replace(self, row_costs=tuple(row_costs), heads_cost=heads_cost)
 
     def describe(self) -> str:
         return f"dynamic tree of up to {self.max_nodes} nodes (depth {self.depth})"
 
-    def pruned(self, max_depth: int) -> "DynamicTree":
+    def pruned(self, max_depth: int) -> DynamicTree:
         return self if max_depth >= self.depth else replace(self, max_depth=max_depth)
 
     def check_fits(self, num_heads: int) -> None:
@@ -108,10 +110,15 @@ class DynamicTree:
         return self.row_costs[rows - 1] if rows <= known else self.row_costs[-1] * rows / known
 
     def step_cost(self, rows: int, asked_heads: bool) -> float:
-        """A whole step's cost in plain steps: verifying ``rows`` rows, plus the heads' proposal when they were asked."""
+        """A whole step's cost in plain steps: verifying ``rows`` rows, plus the heads' proposal if they were asked."""
         return self.cost(rows) + (self.heads_cost if asked_heads else 0.0)
 
-    def choose(self, rank_probability: Sequence[Sequence[float]], chain_ranks: Sequence[int | None] = (), chain_length: int = 0) -> Tree:
+    def choose(
+        self,
+        rank_probability: Sequence[Sequence[float]],
+        chain_ranks: Sequence[int | None] = (),
+        chain_length: int = 0,
+    ) -> Tree:
         """This step's tree from ``rank_probability[d][r]``, head d+1's probability for its rank-r guess.
 
         ``chain_length``: tokens in the lookup chain to be grafted onto the tree; ``chain_ranks[d]``
@@ -226,10 +233,10 @@ class SpeculationGate:
     def speculates(self) -> bool:
         return self.pause == 0
 
-    def after_plain_step(self) -> "SpeculationGate":
+    def after_plain_step(self) -> SpeculationGate:
         return replace(self, pause=max(self.pause - 1, 0))
 
-    def after_speculative_step(self, tokens: int, cost: float) -> "SpeculationGate":
+    def after_speculative_step(self, tokens: int, cost: float) -> SpeculationGate:
         """The gate after a speculative step that committed ``tokens`` tokens at ``cost`` plain steps."""
         gain = (1 - RECENT_STEP_WEIGHT) * self.gain + RECENT_STEP_WEIGHT * (tokens - cost)
         if gain >= 0:

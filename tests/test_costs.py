@@ -41,7 +41,9 @@ def test_first_use_measures_and_caches_then_reads_the_cache(cache, monkeypatch):
     assert path.parent == cache / "costs" and json.loads(path.read_text())["row_costs"] == list(measured.row_costs)
     assert len(messages) == 1 and "measured this machine's step costs" in messages[0] and str(path) in messages[0]
 
-    monkeypatch.setattr(costs, "measure_row_costs", lambda *args, **kwargs: pytest.fail("measured again despite the cache"))
+    monkeypatch.setattr(
+        costs, "measure_row_costs", lambda *args, **kwargs: pytest.fail("measured again despite the cache")
+    )
     assert costs.step_costs(model, 10, announce=messages.append) == measured and len(messages) == 1
     assert costs.step_costs(model, 6, announce=messages.append) == measured  # fewer rows: the same table serves
 
@@ -68,7 +70,9 @@ def test_a_stale_or_foreign_cache_file_is_measured_again(cache):
     path = costs.cost_cache_path(key)
     foreign = costs.StepCosts((1.0,) * 14, 0.0, 1.0, {**key, "cpu": "another CPU"}, 1.0)
     costs.write_cached_costs(path, foreign)
-    assert costs.read_cached_costs(path, key, 14) is None  # measured for another key (a hash collision, a copied folder)
+    assert (
+        costs.read_cached_costs(path, key, 14) is None
+    )  # measured for another key (a hash collision, a copied folder)
     path.write_text("{not json")
     assert costs.read_cached_costs(path, key, 14) is None
     costs.write_cached_costs(path, dataclasses.replace(foreign, key=key, row_costs=(1.0,) * 4))

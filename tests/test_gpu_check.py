@@ -1,21 +1,31 @@
-"""``infer/gpu_check.py``'s CPU dry run: the GPU script's every step (exactness, Spec-Bench side by
+"""``medusa-lite gpu-check``'s CPU dry run: the GPU script's every step (exactness, Spec-Bench side by
 side in bf16 and fp32, step overhead) runs end to end on a tiny model, so the prepared command works."""
 
 from __future__ import annotations
 
 import json
 
-from tiny_checkpoint import INFER_DIR, QUESTIONS, import_infer_script, save_tiny_checkpoint
+from tiny_checkpoint import QUESTIONS, save_tiny_checkpoint
+
+from medusa_lite.commands import gpu_check
 
 
-def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path, monkeypatch):
-    monkeypatch.syspath_prepend(str(INFER_DIR))  # the script imports its sibling benchmark.py, as when run from infer/
-    gpu_check = import_infer_script("gpu_check")
+def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path):
     model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
     questions = tmp_path / "questions.jsonl"
     questions.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     out = tmp_path / "gpu"
-    args = ["--dry-run", "--device", "cpu", "--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions)]
+    args = [
+        "--dry-run",
+        "--device",
+        "cpu",
+        "--model",
+        str(model_dir),
+        "--heads",
+        str(heads_dir),
+        "--questions",
+        str(questions),
+    ]
     assert gpu_check.main([*args, "--threads", "1", "--out", str(out)]) == 0
     report = json.loads((out / "gpu_check.json").read_text())
     assert set(report["dtypes"]) == {"bf16", "fp32"}
@@ -23,7 +33,9 @@ def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path, monkeypatch):
     assert fp32["exactness"]["identical"] == fp32["exactness"]["prompts"] == 2  # fp32 greedy: identical, always
     assert 0 <= bf16["exactness"]["identical"] <= bf16["exactness"]["prompts"]
     for entry in (fp32, bf16):
-        assert {"plain", "pld", "medusa"} <= set(entry["spec_bench"]) and entry["spec_bench"]["medusa"]["questions"] == 2
+        assert {"plain", "pld", "medusa"} <= set(entry["spec_bench"]) and entry["spec_bench"]["medusa"][
+            "questions"
+        ] == 2
         assert entry["step_overhead"]["target_calls"] >= 1 and entry["step_overhead"]["target_forward_ms_per_call"] > 0
     assert fp32["spec_bench"]["medusa"]["identical_fraction"] == 1.0
     for dtype in ("bf16", "fp32"):
@@ -33,8 +45,6 @@ def test_the_gpu_script_dry_runs_on_the_cpu(tmp_path, monkeypatch):
 
 
 def test_the_gpu_script_says_when_there_is_no_gpu(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(INFER_DIR))
-    gpu_check = import_infer_script("gpu_check")
     monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
     assert gpu_check.main(["--out", str(tmp_path)]) == 2
     assert "no CUDA device here" in capsys.readouterr().err

@@ -99,7 +99,9 @@ def test_a_cpu_without_the_instructions_keeps_pytorchs_kernels(fresh_choice):
 
 def test_an_unknown_choice_is_a_clear_error(fresh_choice):
     fresh_choice.setenv(kernels.KERNEL_ENV_VAR, "sse4")
-    with pytest.raises(kernels.KernelChoiceError, match="MEDUSA_LITE_KERNEL='sse4' is not one of auto, off, avx512, avx2"):
+    with pytest.raises(
+        kernels.KernelChoiceError, match="MEDUSA_LITE_KERNEL='sse4' is not one of auto, off, avx512, avx2"
+    ):
         kernels.kernel_path()
 
 
@@ -119,8 +121,22 @@ def test_the_benchmark_records_the_kernel_it_was_told_to_use(tmp_path, fresh_cho
     questions_file = tmp_path / "questions.jsonl"
     questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2]))
     out = tmp_path / "bench"
-    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file), "--methods", "medusa"]
-    assert benchmark.main([*args, "--kernel", "off", "--max-new-tokens", "6", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    args = [
+        "--model",
+        str(model_dir),
+        "--heads",
+        str(heads_dir),
+        "--questions",
+        str(questions_file),
+        "--methods",
+        "medusa",
+    ]
+    assert (
+        benchmark.main(
+            [*args, "--kernel", "off", "--max-new-tokens", "6", "--dtype", "fp32", "--threads", "1", "--out", str(out)]
+        )
+        == 0
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["machine"]["kernel"]["requested"] == "off" and results["machine"]["kernel"]["variant"] is None
     assert results["machine"]["prepack_backend"] != "row_gemm" and "plain_kernel" not in results["summary"]["overall"]

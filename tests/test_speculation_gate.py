@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import DynamicTree, MedusaModel, generate
-from medusa_lite.dynamic_tree import FIRST_PAUSE_STEPS, MAX_PAUSE_STEPS, PRIOR_GAIN, RECENT_STEP_WEIGHT, SpeculationGate
-from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
+from medusa_lite.dynamic_tree import (
+    FIRST_PAUSE_STEPS,
+    MAX_PAUSE_STEPS,
+    PRIOR_GAIN,
+    RECENT_STEP_WEIGHT,
+    SpeculationGate,
+)
 
 # Steep costs: every verified row costs half a plain step more, and asking the heads a fifth of one.
 STEEP = DynamicTree(8, tuple(1.0 + 0.5 * r for r in range(14)), heads_cost=0.2)
@@ -31,7 +37,11 @@ def test_losing_steps_pause_then_try_again_with_doubling_pauses():
         losing_steps += 1
     # From the prior gain, each losing step moves the average a RECENT_STEP_WEIGHT of the way to -0.3.
     weight = (1 - RECENT_STEP_WEIGHT) ** losing_steps
-    assert PRIOR_GAIN * weight - 0.3 * (1 - weight) < 0 <= PRIOR_GAIN * weight / (1 - RECENT_STEP_WEIGHT) - 0.3 * (1 - weight / (1 - RECENT_STEP_WEIGHT))
+    assert (
+        PRIOR_GAIN * weight - 0.3 * (1 - weight)
+        < 0
+        <= PRIOR_GAIN * weight / (1 - RECENT_STEP_WEIGHT) - 0.3 * (1 - weight / (1 - RECENT_STEP_WEIGHT))
+    )
     pauses = []
     for _ in range(6):
         pauses.append(gate.pause)
@@ -54,7 +64,7 @@ def test_speculation_comes_back_when_it_pays_again():
 
 
 def test_useless_heads_on_a_costly_machine_fall_back_to_plain_steps():
-    """Random heads never guess right: with steep costs most steps become plain ones, and the output is plain greedy's."""
+    """Random heads never guess right: with steep costs most steps become plain ones; the output is plain greedy's."""
     base = tiny_base_model("llama", vocab_size=96, seed=3)
     model = MedusaModel(base, random_heads(base, num_heads=3, seed=4))
     prompt = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(5))

@@ -123,7 +123,9 @@ def build_library(path: Path, variant: str = AVX512) -> None:
         except (OSError, subprocess.SubprocessError) as error:
             raise KernelBuildError(f"cannot run the C compiler {cc!r}: {error}") from error
         if result.returncode != 0:
-            raise KernelBuildError(f"{cc} failed to compile {SOURCE.name} ({variant}): {result.stderr.strip()[-2000:]}")
+            raise KernelBuildError(
+                f"{cc} failed to compile {SOURCE.name} ({variant}): {result.stderr.strip()[-2000:]}"
+            )
         os.replace(built, path)
 
 
@@ -229,27 +231,45 @@ def packed_size(out_features: int, in_features: int, variant: str | None = None)
 def pack_for_row_gemm(weight: torch.Tensor, variant: str | None = None) -> torch.Tensor:
     """A float32 CPU weight [N, K] re-laid out in column blocks for :func:`row_gemm` (a new tensor)."""
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
-        raise ValueError(f"row_gemm packs 2-D float32 CPU weights, got {tuple(weight.shape)} {weight.dtype} on {weight.device}")
+        raise ValueError(
+            f"row_gemm packs 2-D float32 CPU weights, got {tuple(weight.shape)} {weight.dtype} on {weight.device}"
+        )
     weight = weight.detach().contiguous()
     out_features, in_features = weight.shape
     packed = torch.empty(packed_size(out_features, in_features, variant), dtype=torch.float32)
-    row_gemm_library(variant).row_gemm_pack(weight.data_ptr(), packed.data_ptr(), out_features, in_features, torch.get_num_threads())
+    row_gemm_library(variant).row_gemm_pack(
+        weight.data_ptr(), packed.data_ptr(), out_features, in_features, torch.get_num_threads()
+    )
     return packed
 
 
-def row_gemm(inputs: torch.Tensor, packed: torch.Tensor, out_features: int, variant: str | None = None) -> torch.Tensor:
+def row_gemm(
+    inputs: torch.Tensor, packed: torch.Tensor, out_features: int, variant: str | None = None
+) -> torch.Tensor:
     """``inputs`` [R, K] (float32, CPU) @ the packed weight's transpose -> [R, out_features].
 
     ``variant``: the one ``packed`` was packed for (None: this process's, as :func:`pack_for_row_gemm` uses).
     """
     inputs = inputs.contiguous()
     rows, in_features = inputs.shape
-    if inputs.dtype != torch.float32 or inputs.device.type != "cpu" or packed.numel() != packed_size(out_features, in_features, variant):
+    if (
+        inputs.dtype != torch.float32
+        or inputs.device.type != "cpu"
+        or packed.numel() != packed_size(out_features, in_features, variant)
+    ):
         raise ValueError(
             f"row_gemm: inputs {tuple(inputs.shape)} {inputs.dtype} on {inputs.device} do not fit a packed "
             f"weight of {packed.numel()} floats for {out_features} outputs"
         )
     output = torch.empty(rows, out_features, dtype=torch.float32)
     library = row_gemm_library(variant)
-    library.row_gemm(inputs.data_ptr(), packed.data_ptr(), output.data_ptr(), rows, out_features, in_features, torch.get_num_threads())
+    library.row_gemm(
+        inputs.data_ptr(),
+        packed.data_ptr(),
+        output.data_ptr(),
+        rows,
+        out_features,
+        in_features,
+        torch.get_num_threads(),
+    )
     return output
