@@ -26,10 +26,9 @@ from pathlib import Path
 import torch
 import yaml
 
-from medusa_lite.default_model import load_base_model
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.heads import MedusaHeads
-from medusa_lite.loading import DEFAULT_HEADS_DIR
+from medusa_lite.loading import DEFAULT_HEADS_DIR, load_target
 from medusa_lite.training.data import collate, load_training_data
 from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_features
 from medusa_lite.training.losses import IGNORE, head_targets, to_draft_targets
@@ -111,7 +110,7 @@ def main() -> None:
     torch.manual_seed(0)
     started = time.perf_counter()
     heads_config = yaml.safe_load((REPO / "configs" / "smollm2_heads.yaml").read_text())
-    base, tokenizer = load_base_model(None, dtype=torch.float32)
+    base, tokenizer = load_target(None, torch.float32, "cpu", attn_implementation="sdpa")
     base.eval().requires_grad_(False)
     data = load_training_data([REPO / p for p in heads_config["data"]], tokenizer, max_length=heads_config["max_length"], eval_fraction=heads_config["eval_fraction"], seed=0)
     train, held_out = data.train[: args.train], data.eval[: args.eval]

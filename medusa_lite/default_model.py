@@ -123,22 +123,3 @@ def ensure_default_model(dtype: torch.dtype = DEFAULT_DTYPE) -> Path:
     gguf_model, tokenizer = load_gguf_model()
     write_checkpoint_atomically(to_plain_checkpoint(gguf_model, dtype), tokenizer, target)
     return target
-
-
-def load_base_model(
-    path: str | Path | None = None,
-    dtype: torch.dtype = DEFAULT_DTYPE,
-    device: str | torch.device = "cpu",
-    attn_implementation: str = "sdpa",
-) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer in eval mode, with ``attn_implementation``.
-
-    ``path`` is a local folder or a Hub id; ``None`` means the default model (converted and
-    cached on first use by :func:`ensure_default_model`).
-    """
-    source = ensure_default_model(dtype) if path is None else path
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation)
-    tokenizer = AutoTokenizer.from_pretrained(source)
-    if path is None:  # the cache folder is a copy of the default model: keep its Hub name
-        model.config._name_or_path = DEFAULT_MODEL_NAME
-    return model.to(device).eval(), tokenizer

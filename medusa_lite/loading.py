@@ -37,8 +37,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from medusa_lite.artifact import TREE_FILE_NAME, adapt_target
 from medusa_lite.attention import TREE_SDPA
-from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.costs import step_costs
+from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
@@ -193,17 +193,30 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
 
 
-def load_target(model: str | os.PathLike | None, dtype: torch.dtype | None, device: str | torch.device):
-    """(causal LM, tokenizer): the default model when ``model`` is None, else any HF model."""
-    dtype = dtype or default_dtype(device)
-    if model is not None:
-        resolve_source(model, "target model")  # a path that does not exist: a clear error, not a Hub lookup
-    if model is None:
-        from medusa_lite.default_model import load_base_model  # lazy: converts a GGUF file on first use
+def load_target(
+    model: str | os.PathLike | None,
+    dtype: torch.dtype | str | None,
+    device: str | torch.device,
+    *,
+    attn_implementation: str = ATTN_IMPLEMENTATION,
+):
+    """(causal LM in eval mode, tokenizer): the default model when ``model`` is None, else any HF model.
 
-        return load_base_model(None, dtype=dtype, device=device, attn_implementation=ATTN_IMPLEMENTATION)
-    base = AutoModelForCausalLM.from_pretrained(model, dtype=dtype, attn_implementation=ATTN_IMPLEMENTATION)
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    ``dtype`` None: :func:`default_dtype` of ``device``; ``"auto"``: the checkpoint's own. The
+    default model is converted from its GGUF file on first use (:mod:`medusa_lite.default_model`).
+    """
+    dtype = dtype or default_dtype(device)
+    if model is None:
+        from medusa_lite.default_model import DEFAULT_DTYPE, DEFAULT_MODEL_NAME, ensure_default_model  # lazy: gguf
+
+        source = ensure_default_model(dtype if isinstance(dtype, torch.dtype) else DEFAULT_DTYPE)
+    else:
+        resolve_source(model, "target model")  # a path that does not exist: a clear error, not a Hub lookup
+        source = model
+    base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation)
+    tokenizer = AutoTokenizer.from_pretrained(source)
+    if model is None:  # the cache folder is a copy of the default model: keep its Hub name
+        base.config._name_or_path = DEFAULT_MODEL_NAME
     return base.to(device).eval(), tokenizer
 
 

@@ -10,6 +10,7 @@ from tiny_tokenizer import make_tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from medusa_lite import default_model, paths
+from medusa_lite.loading import load_target
 
 CHAT_PROMPT = "What is the capital of France?"
 EXPECTED_WORD = "Paris"
@@ -45,7 +46,7 @@ def test_checkpoint_is_written_whole_and_reloads(tmp_path):
     target = tmp_path / "cache" / "model"
     default_model.write_checkpoint_atomically(model, tokenizer, target)
     assert list(target.parent.iterdir()) == [target]
-    loaded, loaded_tokenizer = default_model.load_base_model(target, dtype=torch.float32)
+    loaded, loaded_tokenizer = load_target(target, torch.float32, "cpu")
     assert not loaded.training
     assert loaded_tokenizer.chat_template == tokenizer.chat_template
     for name, tensor in model.state_dict().items():
@@ -80,7 +81,7 @@ def greedy_reply(model, tokenizer, prompt: str) -> tuple[list[int], str]:
 
 @pytest.fixture(scope="module")
 def cached_model():
-    return default_model.load_base_model()
+    return load_target(None, torch.bfloat16, "cpu", attn_implementation="sdpa")
 
 
 @pytest.mark.integration

@@ -175,7 +175,7 @@ def test_invalid_configs_name_the_problem(values, message):
 
 
 class _SingleProcess:
-    """Just what ``load_target`` asks of an Accelerator."""
+    """Just what ``load_frozen_target`` asks of an Accelerator."""
 
     state = type("State", (), {"deepspeed_plugin": None})()
     device = torch.device("cpu")
@@ -189,12 +189,12 @@ class _SingleProcess:
 
 @pytest.mark.parametrize("dtype, expected", [("auto", torch.float32), ("bfloat16", torch.bfloat16)])
 def test_bf16_targets_compute_in_float32_on_cpu_unless_asked(tmp_path, dtype, expected):
-    from medusa_lite.training.setup import load_target
+    from medusa_lite.training.setup import load_frozen_target
 
     base = tiny_base_model("llama").to(torch.bfloat16)
     base.save_pretrained(tmp_path)
     make_tiny_tokenizer().save_pretrained(tmp_path)
-    model, _ = load_target(TrainConfig(model=str(tmp_path), data="x", dtype=dtype), _SingleProcess())
+    model, _ = load_frozen_target(TrainConfig(model=str(tmp_path), data="x", dtype=dtype), _SingleProcess())
     assert model.dtype == expected
     # the upcast keeps the stored weights exactly
     torch.testing.assert_close(model.get_output_embeddings().weight.to(torch.bfloat16), base.get_output_embeddings().weight, rtol=0, atol=0)

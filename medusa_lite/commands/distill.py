@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from medusa_lite.commands.options import set_threads
-from medusa_lite.default_model import load_base_model
 from medusa_lite.dtypes import EXPLICIT_DTYPE_CHOICES, dtype_name, parse_dtype
+from medusa_lite.loading import load_target
 from medusa_lite.training.distill import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,
@@ -33,6 +33,7 @@ from medusa_lite.training.distill import (
 )
 
 DEFAULT_NUM_SAMPLES = 3000
+ATTENTION = "sdpa"  # plain batched generation, left-padded: no tree attention
 DEFAULT_OUT = Path("data/self_distill/selfdistill.jsonl")
 EPSILON_SECONDS = 1e-9  # avoids dividing by zero when there was nothing left to do
 
@@ -105,7 +106,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     set_threads(args.threads)
     settings = settings_from_args(args)
     dtype = parse_dtype(args.dtype)
-    model, tokenizer = load_base_model(args.model, dtype=dtype, device=args.device)
+    model, tokenizer = load_target(args.model, dtype, args.device, attn_implementation=ATTENTION)
     run_settings = {"model": args.model or "default", "dtype": dtype_name(dtype), **asdict(settings)}
     if settings.task_openers:
         run_settings["task_openers"] = list(settings.task_openers)  # as JSON reads it back

@@ -32,7 +32,7 @@ from medusa_lite.training.draft_vocab import DraftVocab, choose_draft_vocab, mea
 from medusa_lite.training.errors import NonFiniteLossError, TrainingDataError
 from medusa_lite.training.losses import IGNORE, HeadStats, gather_rows, head_targets
 from medusa_lite.training.objective import last_hidden
-from medusa_lite.training.setup import build_objective, check_draft_vocab_fits, fill_deepspeed_config, fresh_heads, is_zero3, load_target, make_accelerator
+from medusa_lite.training.setup import build_objective, check_draft_vocab_fits, fill_deepspeed_config, fresh_heads, is_zero3, load_frozen_target, make_accelerator
 
 METRICS_NAME = "metrics.jsonl"
 TRAIN_TOPK = 1  # training batches report top-1 only (top-k over the vocabulary costs time); eval reports top-k
@@ -370,7 +370,7 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
         shutil.rmtree(root, ignore_errors=True)
         (output_dir / METRICS_NAME).unlink(missing_ok=True)
 
-    base_model, tokenizer = load_target(config, accelerator)
+    base_model, tokenizer = load_frozen_target(config, accelerator)
     with accelerator.main_process_first():
         data = load_training_data(config.data, tokenizer, max_length=config.max_length, eval_fraction=config.eval_fraction, seed=config.seed, data_format=config.data_format)
     log.say(data.stats.describe())

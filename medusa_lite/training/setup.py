@@ -11,6 +11,7 @@ from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.dtypes import AUTO, parse_dtype
 from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaHeads
+from medusa_lite.loading import load_target
 from medusa_lite.model import MedusaModel
 from medusa_lite.training.checks import check_processes_connected
 from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
@@ -25,24 +26,18 @@ def resolve_dtype(config: TrainConfig):
     return torch.bfloat16 if config.model == DEFAULT_MODEL_KEYWORD else "auto"
 
 
-def load_target(config: TrainConfig, accelerator):
+def load_frozen_target(config: TrainConfig, accelerator):
     """The frozen target and its tokenizer (never partitioned by ZeRO-3: it lives outside the engine)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dtype = resolve_dtype(config)
+    name = None if config.model == DEFAULT_MODEL_KEYWORD else config.model
     with without_zero3_init(accelerator):
         with accelerator.main_process_first():  # the default model is converted once, by rank 0
-            if config.model == DEFAULT_MODEL_KEYWORD:
-                from medusa_lite.default_model import load_base_model
-
-                model, tokenizer = load_base_model(None, dtype=dtype)
-            else:
-                try:
-                    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=dtype, attn_implementation=config.attn_implementation)
-                    tokenizer = AutoTokenizer.from_pretrained(config.model)
-                except OSError as error:
-                    raise TrainingConfigError(f"could not load the target model {config.model!r}: {error}") from error
-    model.eval().requires_grad_(False)
+            try:
+                model, tokenizer = load_target(
+                    name, resolve_dtype(config), "cpu", attn_implementation=config.attn_implementation
+                )
+            except OSError as error:
+                raise TrainingConfigError(f"could not load the target model {config.model!r}: {error}") from error
+    model.requires_grad_(False)
     if config.dtype == AUTO and accelerator.device.type == "cpu" and model.dtype != torch.float32:
         # CPU: batched float32 matmuls run ~2-3x faster than bfloat16 ones here; the upcast
         # weights are exactly the stored (e.g. bf16) ones, so the features match inference closely.
