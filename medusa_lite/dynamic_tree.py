@@ -165,8 +165,8 @@ def chain_ranks(guesses: torch.Tensor, chain: torch.Tensor) -> list[int | None]:
     """For the lookup chain's (d+1)-th token, its rank among head d+1's ``guesses`` [depth, k], or None."""
     depth = min(guesses.shape[0], chain.numel())
     hits = guesses[:depth] == chain[:depth, None].to(guesses.device)
-    found, ranks = hits.any(dim=-1).tolist(), hits.to(torch.uint8).argmax(dim=-1).tolist()
-    return [rank if hit else None for hit, rank in zip(found, ranks)]
+    ranks = torch.where(hits.any(dim=-1), hits.to(torch.uint8).argmax(dim=-1), -1).tolist()  # one host sync
+    return [rank if rank >= 0 else None for rank in ranks]
 
 
 def chain_prefixes(chain_ranks: Sequence[int | None]) -> list[Path]:
