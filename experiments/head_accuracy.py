@@ -16,36 +16,14 @@ from pathlib import Path
 
 import torch
 
-from common import GREEDY, SPEC_BENCH_QUESTIONS, read_questions, stratified_subset
+from common import GREEDY, SPEC_BENCH_QUESTIONS, head_hits, read_questions, stratified_subset
 from medusa_lite.commands.options import set_threads
-from medusa_lite.measure import chat_input_ids, plain_generate
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.loading import load_target
+from medusa_lite.measure import chat_input_ids, plain_generate
 from medusa_lite.model import MedusaModel
 
 TOP_RANKS = 5
-
-
-def head_hits(
-    model: MedusaModel, sequence: torch.Tensor, first_position: int, max_rank: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per head and rank, how often its guess was right, and per head how many guesses were checked.
-
-    The hidden state at position n (whose logits chose token n+1) is what decoding gives the
-    heads; head i (0-based) guesses token n+2+i.
-    """
-    hidden = model.target_forward(sequence[None]).hidden[0]
-    hits = torch.zeros(model.num_heads, max_rank)
-    counts = torch.zeros(model.num_heads)
-    for position in range(first_position, sequence.numel() - 2):  # head 1 needs token n+2
-        next_token = sequence[position + 1] if model.reads_next_token else None
-        guesses = model.head_topk(hidden[position], max_rank, next_tokens=next_token).cpu()  # [K, max_rank]
-        for head in range(model.num_heads):
-            target_position = position + 2 + head
-            if target_position < sequence.numel():
-                hits[head] += (guesses[head] == sequence[target_position].cpu()).float()
-                counts[head] += 1
-    return hits, counts
 
 
 def main() -> None:

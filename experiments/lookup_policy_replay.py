@@ -120,7 +120,7 @@ def measure_costs(out: Path) -> None:
         shuffler = random.Random(0)
         for repeat in range(COST_WARMUP + COST_REPEATS):
             for size in shuffler.sample(COST_SIZES, len(COST_SIZES)):
-                seconds = timed_step(model, cache, hidden, root, trees[size])
+                _, seconds = timed_step(model, cache, hidden, root, trees[size])
                 if repeat >= COST_WARMUP:
                     samples[size].append(seconds)
         medians = {size: statistics.median(times) for size, times in samples.items()}
