@@ -15,16 +15,13 @@ import heapq
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
-from typing import TYPE_CHECKING
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
 from medusa_lite.errors import TreeError
 from medusa_lite.values import as_integer, describe
-
-if TYPE_CHECKING:
-    from medusa_lite.dynamic_tree import DynamicTree
 
 Path = tuple[int, ...]
 
@@ -225,13 +222,27 @@ def tree_for_heads(num_heads: int, training_summary: dict | None, num_nodes: int
     return tree
 
 
-def as_tree(tree: "Tree | DynamicTree | Iterable[Sequence[int]] | None", num_heads: int) -> "Tree | DynamicTree":
-    """Normalise the ``tree=`` argument of ``generate``: None -> default, paths -> Tree; a Tree or DynamicTree as is."""
-    from medusa_lite.dynamic_tree import DynamicTree  # it builds on this module
+@runtime_checkable
+class CandidateTree(Protocol):
+    """What decoding needs of a tree: a static :class:`Tree`, or a per-step policy that shapes one
+    from the heads' confidence (:class:`~medusa_lite.dynamic_tree.DynamicTree`, which builds on this
+    module). :func:`as_tree` takes either as is."""
 
+    @property
+    def num_nodes(self) -> int: ...
+
+    def describe(self) -> str: ...
+
+    def pruned(self, max_depth: int) -> CandidateTree: ...
+
+    def check_fits(self, num_heads: int) -> None: ...
+
+
+def as_tree(tree: CandidateTree | Iterable[Sequence[int]] | None, num_heads: int) -> CandidateTree:
+    """Normalise the ``tree=`` argument of ``generate``: None -> default, paths -> Tree; a Tree or DynamicTree as is."""
     if tree is None:
         resolved = default_tree(num_heads)
-    elif isinstance(tree, (Tree, DynamicTree)):
+    elif isinstance(tree, CandidateTree):
         resolved = tree
     else:
         try:
