@@ -63,7 +63,9 @@ def accuracy(guesses: torch.Tensor, targets: torch.Tensor) -> dict:
     chain_right = right.int().cummin(dim=1).values.bool()
     return {
         "top1": [round(float(right[:, d].sum() / present[:, d].sum()), 4) for d in range(targets.shape[1])],
-        "chain_top1": [round(float(chain_right[:, d].sum() / chain_present[:, d].sum()), 4) for d in range(targets.shape[1])],
+        "chain_top1": [
+            round(float(chain_right[:, d].sum() / chain_present[:, d].sum()), 4) for d in range(targets.shape[1])
+        ],
         "positions": int(present[:, 0].sum()),
     }
 
@@ -90,7 +92,9 @@ def evaluate_heads(heads, samples, states, embed, lm_head, depth):
             ids = batch["input_ids"][0]
             target = head_targets(batch["input_ids"], batch["loss_mask"], depth)[0]
             rows = torch.nonzero((target != IGNORE).any(dim=-1)).squeeze(-1)
-            head_hidden = heads(hidden[0, rows], next_token_embeds=embed(ids[rows + 1]) if heads.config.next_token_input else None)
+            head_hidden = heads(
+                hidden[0, rows], next_token_embeds=embed(ids[rows + 1]) if heads.config.next_token_input else None
+            )
             guesses.append(heads.project(head_hidden, lm_head)[:, :depth].argmax(dim=-1))
             targets.append(to_draft_targets(target[rows], heads.draft_token_ids, heads.config.vocab_size))
     return accuracy(torch.cat(guesses), torch.cat(targets))
@@ -112,24 +116,40 @@ def main() -> None:
     heads_config = yaml.safe_load((REPO / "configs" / "smollm2_heads.yaml").read_text())
     base, tokenizer = load_target(None, torch.float32, "cpu", attn_implementation="sdpa")
     base.eval().requires_grad_(False)
-    data = load_training_data([REPO / p for p in heads_config["data"]], tokenizer, max_length=heads_config["max_length"], eval_fraction=heads_config["eval_fraction"], seed=0)
+    data = load_training_data(
+        [REPO / p for p in heads_config["data"]],
+        tokenizer,
+        max_length=heads_config["max_length"],
+        eval_fraction=heads_config["eval_fraction"],
+        seed=0,
+    )
     train, held_out = data.train[: args.train], data.eval[: args.eval]
-    print(f"{len(data.train)} / {len(data.eval)} sequences in the heads' split; using {len(train)} / {len(held_out)}", flush=True)
+    print(
+        f"{len(data.train)} / {len(data.eval)} sequences in the heads' split; using {len(train)} / {len(held_out)}",
+        flush=True,
+    )
     tick = time.perf_counter()
     train_states, eval_states = hidden_states(base, train, 4), hidden_states(base, held_out, 4)
     cache_seconds = time.perf_counter() - tick
-    print(f"hidden states of {sum(s.shape[0] for s in train_states + eval_states)} positions in {cache_seconds:.0f} s", flush=True)
+    print(
+        f"hidden states of {sum(s.shape[0] for s in train_states + eval_states)} positions in {cache_seconds:.0f} s",
+        flush=True,
+    )
 
     heads = MedusaHeads.from_pretrained(DEFAULT_HEADS_DIR).float().eval()
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
-    drafter = SequentialDrafter(DrafterConfig.for_model(base, depth=args.depth, draft_vocab_size=heads.config.draft_vocab_size))
+    drafter = SequentialDrafter(
+        DrafterConfig.for_model(base, depth=args.depth, draft_vocab_size=heads.config.draft_vocab_size)
+    )
     drafter.set_draft_vocab(heads.draft_token_ids)
     objective = DrafterObjective(drafter, lm_head, embed, LossSettings(weights=[0.8**d for d in range(args.depth)]))
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.learning_rate)
     steps = args.epochs * (len(train) // args.batch_size)
-    scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.learning_rate, total_steps=steps, pct_start=0.1)
+    scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=args.learning_rate, total_steps=steps, pct_start=0.1
+    )
     tick, step = time.perf_counter(), 0
-    for epoch in range(args.epochs):
+    for _epoch in range(args.epochs):
         order = torch.randperm(len(train)).tolist()
         for start in range(0, len(order) - args.batch_size + 1, args.batch_size):
             hidden, batch = batch_of(train, train_states, order[start : start + args.batch_size])
@@ -145,7 +165,9 @@ def main() -> None:
     train_seconds = time.perf_counter() - tick
     drafter.eval()
     results = {
-        "label": "SHORT CPU sanity run (not the recipe): drafter trained on few sequences vs shipped heads trained on 4917",
+        "label": (
+            "SHORT CPU sanity run (not the recipe): drafter trained on few sequences vs shipped heads trained on 4917"
+        ),
         "train_sequences": len(train),
         "eval_sequences": len(held_out),
         "epochs": args.epochs,
@@ -155,7 +177,9 @@ def main() -> None:
         "hidden_state_seconds": round(cache_seconds, 1),
         "train_seconds": round(train_seconds, 1),
         "drafter": evaluate_drafter(drafter, held_out, eval_states, embed, lm_head, args.depth),
-        "shipped_heads": evaluate_heads(heads, held_out, eval_states, embed, lm_head, min(args.depth, heads.config.num_heads)),
+        "shipped_heads": evaluate_heads(
+            heads, held_out, eval_states, embed, lm_head, min(args.depth, heads.config.num_heads)
+        ),
         "total_seconds": round(time.perf_counter() - started, 1),
         "threads": torch.get_num_threads(),
     }
