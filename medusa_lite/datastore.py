@@ -33,6 +33,7 @@ from medusa_lite.errors import MedusaError
 
 DATASTORE_FILE_NAME = "datastore.safetensors"
 DATASTORE_FORMAT = "medusa-lite-datastore/1"
+REBUILD = "medusa-lite build-datastore"
 SEPARATOR = -1  # between documents: no n-gram or continuation crosses it
 TOKENS_KEY = "tokens"
 # An n-gram is indexed by its token ids packed into one int64 sort key, so n * bits per id <= 63
@@ -107,7 +108,7 @@ class Datastore:
         """Read a saved datastore; ``vocab_size``: the model's, checked against the file's."""
         path = Path(path)
         if path.is_dir():
-            raise DatastoreError(f"datastore file {path} is a directory; pass the {DATASTORE_FILE_NAME} file inside it")
+            raise DatastoreError(f"datastore file {path} is a directory; pass the {DATASTORE_FILE_NAME} inside it")
         if not path.is_file():
             raise DatastoreError(f"datastore file {path} does not exist")
         try:
@@ -143,30 +144,42 @@ def check_header(path: Path, metadata: dict, names: set, tokens: torch.Tensor | 
     :func:`largest_vocabulary`), ``documents`` (decimal, the number of separators), and one 1-D
     integer tensor ``tokens``.
     """
+    corrupt = f"the file is corrupt: rebuild it ({REBUILD})"
     file_format = metadata.get("format")
     if file_format != DATASTORE_FORMAT:
         known = isinstance(file_format, str) and file_format.startswith(DATASTORE_FORMAT.split("/")[0] + "/")
-        hint = "upgrade medusa-lite or rebuild it with train/build_datastore.py" if known else "build one with train/build_datastore.py"
-        raise DatastoreError(f"{path} is not a medusa-lite datastore this version reads (format {file_format!r}, expected {DATASTORE_FORMAT!r}): {hint}")
+        hint = f"upgrade medusa-lite or rebuild it ({REBUILD})" if known else f"build one with {REBUILD}"
+        raise DatastoreError(
+            f"{path} is not a medusa-lite datastore this version reads "
+            f"(format {file_format!r}, expected {DATASTORE_FORMAT!r}): {hint}"
+        )
     if tokens is None:
-        raise DatastoreError(f"datastore file {path} must hold exactly one tensor {TOKENS_KEY!r}, found {sorted(names)}; the file is corrupt")
+        raise DatastoreError(
+            f"datastore file {path} must hold exactly one tensor {TOKENS_KEY!r}, found {sorted(names)}; {corrupt}"
+        )
     if tokens.dim() != 1 or tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-        raise DatastoreError(f"datastore file {path}: {TOKENS_KEY!r} must be a 1-D integer tensor, found {tokens.dtype} {tuple(tokens.shape)}; the file is corrupt")
+        raise DatastoreError(
+            f"datastore file {path}: {TOKENS_KEY!r} must be a 1-D integer tensor, "
+            f"found {tokens.dtype} {tuple(tokens.shape)}; {corrupt}"
+        )
     for key in ("vocab_size", "documents"):
         if not str(metadata.get(key, "")).isdigit():
-            raise DatastoreError(f"datastore file {path}: header field {key!r} must be a whole number, found {metadata.get(key)!r}; the file is corrupt")
+            raise DatastoreError(
+                f"datastore file {path}: header field {key!r} must be a whole number, "
+                f"found {metadata.get(key)!r}; {corrupt}"
+            )
     vocab_size, documents = int(metadata["vocab_size"]), int(metadata["documents"])
     if not 1 <= vocab_size <= largest_vocabulary():
         raise DatastoreError(
-            f"datastore file {path}: header says vocab_size {vocab_size}, outside [1, {largest_vocabulary()}] (what a datastore can index); "
-            "the file is corrupt: rebuild it with train/build_datastore.py"
+            f"datastore file {path}: header says vocab_size {vocab_size}, outside [1, {largest_vocabulary()}] "
+            f"(what a datastore can index); {corrupt}"
         )
     tokens = tokens.to(torch.long)
     separators = int((tokens == SEPARATOR).sum())
     if separators != documents:
         raise DatastoreError(
-            f"datastore file {path}: header says {documents} documents but the tokens hold {separators}; the file is corrupt or was edited: "
-            "rebuild it with train/build_datastore.py"
+            f"datastore file {path}: header says {documents} documents but the tokens hold {separators}; "
+            f"the file was edited or {corrupt.removeprefix('the file is ')}"
         )
     return tokens
 

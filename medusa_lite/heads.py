@@ -84,16 +84,23 @@ class MedusaConfig:
         self.num_layers = config_integer(self, "num_layers", minimum=0)
         for name in ("use_base_lm_head", "next_token_input", "backbone_adapter"):
             if not isinstance(getattr(self, name), bool):
-                raise HeadsConfigError(f"MedusaConfig.{name} must be true or false, got {describe(getattr(self, name))}")
+                raise HeadsConfigError(
+                    f"MedusaConfig.{name} must be true or false, got {describe(getattr(self, name))}"
+                )
         if self.draft_vocab_size is not None:
-            self.draft_vocab_size = config_integer(self, "draft_vocab_size", minimum=1, maximum=self.vocab_size, none="None (full vocabulary) or ")
+            self.draft_vocab_size = config_integer(
+                self, "draft_vocab_size", minimum=1, maximum=self.vocab_size, none="None (full vocabulary) or "
+            )
             if not self.use_base_lm_head:
                 raise HeadsConfigError(
                     "MedusaConfig.draft_vocab_size needs use_base_lm_head=True: a draft vocabulary selects rows of the base "
                     "model's lm_head, but these heads have their own lm_head (use_base_lm_head=False)"
                 )
         if self.base_model_name_or_path is not None and not isinstance(self.base_model_name_or_path, str):
-            raise HeadsConfigError(f"MedusaConfig.base_model_name_or_path must be text or None, got {describe(self.base_model_name_or_path)}")
+            raise HeadsConfigError(
+                "MedusaConfig.base_model_name_or_path must be text or None, "
+                f"got {describe(self.base_model_name_or_path)}"
+            )
         check_training_summary(self.training_summary, self.num_heads)
 
     @property
@@ -115,7 +122,7 @@ class MedusaConfig:
 
 
 def config_integer(config: "MedusaConfig", name: str, minimum: int, maximum: int | None = None, none: str = "") -> int:
-    """``config.<name>`` as a Python int in [minimum, maximum]; numpy and 0-d tensor integers accepted, booleans not."""
+    """``config.<name>`` as a Python int in [minimum, maximum]; numpy and 0-d tensor integers too, booleans never."""
     value = getattr(config, name)
     number = as_integer(value)
     if number is None or number < minimum or (maximum is not None and number > maximum):
@@ -145,7 +152,7 @@ def check_training_summary(summary: object, num_heads: int) -> None:
     ``num_heads`` rows), per rank, the probability the guess is right; ``top1_accuracy``: per head.
     """
     if not isinstance(summary, dict):
-        raise HeadsConfigError(f"MedusaConfig.training_summary must be a JSON object (a dict), got {describe(summary)}")
+        raise HeadsConfigError(f"MedusaConfig.training_summary must be a JSON object (dict), got {describe(summary)}")
     where = "MedusaConfig.training_summary"
     if summary.get("tree") is not None:
         try:
@@ -154,11 +161,17 @@ def check_training_summary(summary: object, num_heads: int) -> None:
             raise HeadsConfigError(f"{where}['tree'] is not a tree of top-k rank paths: {error}") from error
         deepest = max((len(path) for path in paths), default=0)
         if deepest > num_heads:
-            raise HeadsConfigError(f"{where}['tree'] reaches depth {deepest} but there are {num_heads} heads (a node at depth d needs head d)")
+            raise HeadsConfigError(
+                f"{where}['tree'] reaches depth {deepest} but there are {num_heads} heads "
+                "(a node at depth d needs head d)"
+            )
     if summary.get("topk_accuracy") is not None:
         rows = summary["topk_accuracy"]
         if not isinstance(rows, list) or not rows or len(rows) > num_heads:
-            raise HeadsConfigError(f"{where}['topk_accuracy'] must be a list of 1 to {num_heads} rows (one per head), got {describe(rows)}")
+            raise HeadsConfigError(
+                f"{where}['topk_accuracy'] must be a list of 1 to {num_heads} rows (one per head), "
+                f"got {describe(rows)}"
+            )
         for head, row in enumerate(rows, start=1):
             problem = accuracies_problem(row)
             if problem is not None:

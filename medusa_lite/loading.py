@@ -100,7 +100,10 @@ def read_tree_file(path: str | os.PathLike, *, dynamic: bool = True) -> Tree | D
         raise TreeError(f"tree file {path}: 'paths': {error}") from error
     stated = values.get("num_nodes")
     if stated is not None and (as_integer(stated) != tree.num_nodes):
-        raise TreeError(f"tree file {path} says num_nodes {stated!r} but its paths make {tree.num_nodes} (root included); the file is corrupt")
+        raise TreeError(
+            f"tree file {path} says num_nodes {stated!r} but its paths make {tree.num_nodes} (root included); "
+            "the file is corrupt"
+        )
     if dynamic and values.get("dynamic") is not None:
         return dynamic_tree_from(values["dynamic"], path)
     return tree
@@ -115,10 +118,11 @@ def dynamic_tree_from(values: object, path: Path) -> DynamicTree:
     """
     if not isinstance(values, dict) or "max_nodes" not in values or not isinstance(values.get("row_costs", []), list):
         raise TreeError(f"tree file {path}: 'dynamic' must be an object with 'max_nodes' and optionally 'tokens_per_cost'")
-    known = set(DynamicTree(1, UNMEASURED_ROW_COSTS).portable_dict()) | {"row_costs"}  # what write_tree_file writes, or wrote
+    # What write_tree_file writes, or wrote (row_costs).
+    known = set(DynamicTree(1, UNMEASURED_ROW_COSTS).portable_dict()) | {"row_costs"}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise TreeError(f"tree file {path}: 'dynamic' has unknown key(s) {unknown} (a typo?); it holds {sorted(known)}")
+        raise TreeError(f"tree file {path}: 'dynamic' has unknown key(s) {unknown} (a typo?); known: {sorted(known)}")
     try:
         DynamicTree(1, tuple(values.get("row_costs") or UNMEASURED_ROW_COSTS))  # an old file's costs must still be well formed
         return DynamicTree(values["max_nodes"], UNMEASURED_ROW_COSTS, values.get("tokens_per_cost", DEFAULT_TOKENS_PER_COST))

@@ -60,7 +60,7 @@ SHAPE = dict(num_heads=3, hidden_size=8, vocab_size=50)
         (dict(draft_vocab_size=51), r"draft_vocab_size must be .* got int 51"),
         (dict(draft_vocab_size=10, use_base_lm_head=False), "draft_vocab_size needs use_base_lm_head=True"),
         (dict(base_model_name_or_path=5), "MedusaConfig.base_model_name_or_path must be text or None"),
-        (dict(training_summary=[1]), r"MedusaConfig.training_summary must be a JSON object \(a dict\), got list"),
+        (dict(training_summary=[1]), r"MedusaConfig.training_summary must be a JSON object \(dict\), got list"),
         (dict(training_summary={"tree": "0,1"}), r"training_summary\['tree'\] is not a tree of top-k rank paths"),
         (dict(training_summary={"tree": [[0], [True]]}), r"training_summary\['tree'\] .* ranks must be integers"),
         (
@@ -220,7 +220,7 @@ TOKENS = torch.tensor([1, 2, 3, -1, 4, 5, -1], dtype=torch.int32)
         (
             TOKENS,
             dict(format="something-else"),
-            "not a medusa-lite datastore .*build one with train/build_datastore.py",
+            "not a medusa-lite datastore .*build one with medusa-lite build-datastore",
         ),
         (TOKENS.view(1, -1), {}, r"'tokens' must be a 1-D integer tensor, found torch.int32 \(1, 7\)"),
         (TOKENS.float(), {}, "'tokens' must be a 1-D integer tensor, found torch.float32"),

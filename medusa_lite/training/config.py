@@ -284,8 +284,13 @@ def validate(config: TrainConfig) -> None:
     require(config.distill_weight >= 0, f"config: distill_weight must be >= 0, got {config.distill_weight}")
     require(config.max_cache_gb > 0, f"config: max_cache_gb must be > 0, got {config.max_cache_gb}")
     require(config.weight_decay >= 0, f"config: weight_decay must be >= 0, got {config.weight_decay}")
-    require(config.max_grad_norm >= 0, f"config: max_grad_norm must be >= 0 (0 turns clipping off), got {config.max_grad_norm}")
-    require(config.debug_step_sleep_s >= 0, f"config: debug_step_sleep_s must be >= 0, got {config.debug_step_sleep_s}")
+    require(
+        config.max_grad_norm >= 0,
+        f"config: max_grad_norm must be >= 0 (0 turns clipping off), got {config.max_grad_norm}",
+    )
+    require(
+        config.debug_step_sleep_s >= 0, f"config: debug_step_sleep_s must be >= 0, got {config.debug_step_sleep_s}"
+    )
     if config.draft_vocab_size is not None:
         require(config.draft_vocab_size >= 1, f"config: draft_vocab_size must be >= 1 (or null for the full vocabulary), got {config.draft_vocab_size}")
         require(
@@ -302,7 +307,10 @@ def validate(config: TrainConfig) -> None:
         require(config.lora.r >= 1, f"config: lora.r must be >= 1, got {config.lora.r}")
         require(config.lora.alpha >= 1, f"config: lora.alpha must be >= 1, got {config.lora.alpha}")
         require(0 <= config.lora.dropout < 1, f"config: lora.dropout must be in [0, 1), got {config.lora.dropout}")
-        require(config.lora.distill_weight >= 0, f"config: lora.distill_weight must be >= 0, got {config.lora.distill_weight}")
+        require(
+            config.lora.distill_weight >= 0,
+            f"config: lora.distill_weight must be >= 0, got {config.lora.distill_weight}",
+        )
         require(bool(config.lora.target_modules), "config: lora.target_modules must name at least one module (e.g. [q_proj, v_proj])")
         require(
             not config.precompute_hidden,

@@ -107,8 +107,11 @@ def read_records(path: str | Path, data_format: str = "auto"):
     path = Path(path)
     if path.is_dir():
         inside = sorted(p.name for p in path.iterdir() if p.suffix.lower() in CHAT_EXTENSIONS + TEXT_EXTENSIONS)
-        found = f" (it holds {', '.join(inside[:MAX_LISTED])}{', ...' if len(inside) > MAX_LISTED else ''})" if inside else ""
-        raise TrainingDataError(f"data path {path} is a directory{found}; give the data file(s) inside it, e.g. data: [{path}/train.jsonl]")
+        listed = ", ".join(inside[:MAX_LISTED]) + (", ..." if len(inside) > MAX_LISTED else "")
+        found = f" (it holds {listed})" if inside else ""
+        raise TrainingDataError(
+            f"data path {path} is a directory{found}; give the data file(s) inside it, e.g. data: [{path}/train.jsonl]"
+        )
     if not path.is_file():
         raise TrainingDataError(f"data file {path} does not exist")
     if path.stat().st_size == 0:
@@ -173,7 +176,8 @@ def check_json_records(path: Path) -> None:
     for where, record in records:
         if not isinstance(record, dict) or not record:
             raise TrainingDataError(
-                f"data file {path}, {where}: expected a JSON object such as {{\"messages\": [...]}} or {{\"text\": ...}}, "
+                f"data file {path}, {where}: expected a JSON object such as "
+                f"{{\"messages\": [...]}} or {{\"text\": ...}}, "
                 f"got {json.dumps(record)[:MAX_QUOTED]}"
             )
 
