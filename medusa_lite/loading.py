@@ -8,10 +8,10 @@ Which tree the returned model decodes with (``model.tree``), first match wins:
 
 1. the ``tree=`` argument: a :class:`Tree`, a :class:`DynamicTree`, a list of rank paths, or a
    ``tree.json`` file (its dynamic policy when it has one);
-2. ``tree.json`` next to the heads, written by ``infer/calibrate_tree.py``: its dynamic policy
+2. ``tree.json`` next to the heads, written by ``medusa-lite calibrate``: its dynamic policy
    when it has one, else its static tree;
-3. :func:`default_tree_for` the heads: ``training_summary["tree"]``, else Medusa's greedy
-   construction from ``training_summary["topk_accuracy"]``, else :func:`default_tree`.
+3. :func:`default_tree` for the heads: ``training_summary["tree"]``, else Medusa's greedy
+   construction from ``training_summary["topk_accuracy"]``, else from reference accuracies.
 
 A dynamic policy read from a file is priced with this machine's step costs, measured on first
 use and cached (:mod:`medusa_lite.costs`); a :class:`DynamicTree` given as an object keeps its own.
@@ -46,7 +46,7 @@ from medusa_lite.heads import HEADS_WHAT, MedusaHeads
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, check_prepack_supported, prepack_backend, prepack_linears, prepack_supported
 from medusa_lite.resolve import ArtifactSource, resolve_source
-from medusa_lite.tree import DEFAULT_TREE_NODES, Tree, tree_for_heads
+from medusa_lite.tree import Tree, as_tree
 from medusa_lite.values import as_integer
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
@@ -63,11 +63,6 @@ class MissingHeadsError(MedusaError, FileNotFoundError):
 
 
 # -- trees -------------------------------------------------------------------------------------
-def default_tree_for(heads: MedusaHeads, num_nodes: int = DEFAULT_TREE_NODES) -> Tree:
-    """The tree the heads' own training summary suggests, else the generic CPU default."""
-    return tree_for_heads(heads.config.num_heads, heads.config.training_summary, num_nodes)
-
-
 def read_tree_file(path: str | os.PathLike, *, dynamic: bool = True) -> Tree | DynamicTree:
     """The tree in a ``tree.json`` file: ``{"format": "medusa-lite-tree/1", "paths": [[0], [0, 0], ...], ...}``.
 
@@ -166,18 +161,13 @@ def resolve_datastore(
 
 
 def resolve_tree(tree: TreeSpec, heads: MedusaHeads, heads_source: ArtifactSource | None) -> Tree | DynamicTree:
-    """Apply the precedence documented at the top of this module."""
-    if isinstance(tree, (Tree, DynamicTree)):
-        resolved = tree
-    elif isinstance(tree, (str, os.PathLike)):
-        resolved = read_tree_file(tree)
-    elif tree is not None:
-        resolved = Tree.from_paths(tree)
-    else:
+    """Apply the precedence documented at the top of this module: the files here, the rest :func:`as_tree`'s rule."""
+    if isinstance(tree, (str, os.PathLike)):
+        tree = read_tree_file(tree)
+    elif tree is None:
         tree_file = find_tree_file(heads_source) if heads_source is not None else None
-        resolved = read_tree_file(tree_file) if tree_file is not None else default_tree_for(heads)
-    resolved.check_fits(heads.config.num_heads)
-    return resolved
+        tree = read_tree_file(tree_file) if tree_file is not None else None
+    return as_tree(tree, heads.config.num_heads, heads.config.training_summary)
 
 
 def tree_of(model: MedusaModel) -> Tree | DynamicTree:

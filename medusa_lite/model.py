@@ -20,7 +20,7 @@ from medusa_lite.datastore import Datastore
 from medusa_lite.errors import IncompatibleHeadsError, TreeError, UnsupportedModelError
 from medusa_lite.heads import DraftLMHead, MedusaConfig, MedusaHeads
 from medusa_lite.dynamic_tree import DynamicTree
-from medusa_lite.tree import Tree, as_tree, tree_for_heads
+from medusa_lite.tree import Tree, as_tree
 
 # Attention implementations known to apply an arbitrary additive 4D mask (tree attention).
 TREE_CAPABLE_ATTENTION = ("eager", "sdpa", TREE_SDPA)
@@ -104,7 +104,7 @@ class MedusaModel(nn.Module):
         check_heads_fit(base_model, heads.config)
         self.base_model = base_model
         self.heads = heads
-        resolved = as_tree(tree, heads.config.num_heads) if tree is not None else tree_for_heads(heads.config.num_heads, heads.config.training_summary)
+        resolved = as_tree(tree, heads.config.num_heads, heads.config.training_summary)
         self.tree: Tree | DynamicTree = resolved.pruned(heads.config.num_heads)  # a dynamic tree guesses only as deep as the heads
         if datastore is not None:
             datastore.check_fits(heads.config.vocab_size)  # = the target's, checked just above

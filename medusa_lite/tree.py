@@ -203,21 +203,15 @@ REFERENCE_TOPK_ACCURACY = (
 DEFAULT_TREE_NODES = 16
 
 
-def default_tree(num_heads: int, num_nodes: int = DEFAULT_TREE_NODES) -> Tree:
-    """A CPU-sized tree for ``num_heads`` heads when nothing better was calibrated."""
-    accuracy = [REFERENCE_TOPK_ACCURACY[min(d, len(REFERENCE_TOPK_ACCURACY) - 1)] for d in range(num_heads)]
-    return best_tree(accuracy, num_nodes)
-
-
-def tree_for_heads(num_heads: int, training_summary: dict | None, num_nodes: int = DEFAULT_TREE_NODES) -> Tree:
-    """The tree heads' training summary suggests ("tree", else best tree from "topk_accuracy"), else the default."""
+def default_tree(num_heads: int, num_nodes: int = DEFAULT_TREE_NODES, training_summary: dict | None = None) -> Tree:
+    """The tree for ``num_heads`` heads when none was calibrated: the heads' ``training_summary["tree"]``, else
+    the best tree of ``num_nodes`` for its ``"topk_accuracy"``, else for reference accuracies (CPU-sized)."""
     summary = training_summary or {}
     if summary.get("tree"):
         tree = Tree.from_paths(summary["tree"])
-    elif summary.get("topk_accuracy"):
-        tree = best_tree(summary["topk_accuracy"], num_nodes)
     else:
-        tree = default_tree(num_heads, num_nodes)
+        reference = [REFERENCE_TOPK_ACCURACY[min(d, len(REFERENCE_TOPK_ACCURACY) - 1)] for d in range(num_heads)]
+        tree = best_tree(summary.get("topk_accuracy") or reference, num_nodes)
     tree.check_fits(num_heads)
     return tree
 
@@ -238,10 +232,14 @@ class CandidateTree(Protocol):
     def check_fits(self, num_heads: int) -> None: ...
 
 
-def as_tree(tree: CandidateTree | Iterable[Sequence[int]] | None, num_heads: int) -> CandidateTree:
-    """Normalise the ``tree=`` argument of ``generate``: None -> default, paths -> Tree; a Tree or DynamicTree as is."""
+def as_tree(
+    tree: CandidateTree | Iterable[Sequence[int]] | None, num_heads: int, training_summary: dict | None = None
+) -> CandidateTree:
+    """The one rule for a ``tree=`` argument (``generate``, ``MedusaModel``, and ``load`` once it has read any
+    tree.json): a Tree or DynamicTree as is, rank paths -> Tree, None -> :func:`default_tree` for the heads'
+    ``training_summary``; checked to fit ``num_heads``."""
     if tree is None:
-        resolved = default_tree(num_heads)
+        resolved = default_tree(num_heads, training_summary=training_summary)
     elif isinstance(tree, CandidateTree):
         resolved = tree
     else:

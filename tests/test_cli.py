@@ -17,7 +17,7 @@ from medusa_lite import MedusaModel, default_tree
 from medusa_lite.attention import TREE_SDPA
 from medusa_lite.cli import main
 from medusa_lite.errors import TreeError
-from medusa_lite.loading import MissingHeadsError, default_tree_for, load, read_tree_file, tree_of, write_tree_file
+from medusa_lite.loading import MissingHeadsError, load, read_tree_file, tree_of, write_tree_file
 from medusa_lite.measure import chat_input_ids
 from medusa_lite.tree import Tree, best_tree
 
@@ -59,7 +59,8 @@ def test_load_uses_training_summary_accuracies(checkpoint):
     assert isinstance(model, MedusaModel) and model.num_heads == NUM_HEADS
     assert model.base_model.config._attn_implementation == TREE_SDPA
     assert model.base_model.dtype == torch.float32 and next(model.heads.parameters()).dtype == torch.float32
-    assert model.tree == default_tree_for(model.heads) == best_tree(TOPK_ACCURACY, 16)
+    assert model.tree == default_tree(NUM_HEADS, training_summary=model.heads.config.training_summary)
+    assert model.tree == best_tree(TOPK_ACCURACY, 16)
     assert tree_of(model) == model.tree
     assert chat_input_ids(tokenizer, PROMPT).shape[0] == 1
 
@@ -72,10 +73,11 @@ def test_load_prefers_tree_argument_then_tree_json(tmp_path):
     assert load(model_dir, heads=heads_dir, dtype=torch.float32, tree=[[0], [1]])[0].tree.paths == ((0,), (1,))
 
 
-def test_default_tree_for_prefers_an_explicit_tree(checkpoint):
+def test_default_tree_prefers_the_summarys_explicit_tree(checkpoint):
     model, _ = load(*checkpoint[:1], heads=checkpoint[1], dtype=torch.float32)
     model.heads.config.training_summary = {"tree": [[0], [0, 0], [0, 0, 0]], "topk_accuracy": TOPK_ACCURACY}
-    assert default_tree_for(model.heads).paths == ((0,), (0, 0), (0, 0, 0))
+    tree = default_tree(NUM_HEADS, training_summary=model.heads.config.training_summary)
+    assert tree.paths == ((0,), (0, 0), (0, 0, 0))
 
 
 def test_missing_heads_give_clear_errors(tmp_path, checkpoint, monkeypatch):
