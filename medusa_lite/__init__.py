@@ -18,6 +18,18 @@ from medusa_lite.generate import GenerationOutput, GenerationStats, generate
 from medusa_lite.heads import MedusaConfig, MedusaHeads
 from medusa_lite.loading import load
 from medusa_lite.model import MedusaModel
+from medusa_lite.proposers import (
+    Candidates,
+    DatastoreLookup,
+    FirstOf,
+    MedusaHeadsProposer,
+    PromptLookup,
+    Proposer,
+    ProposerError,
+    StepContext,
+    StepLimits,
+    StepOutcome,
+)
 from medusa_lite.sampling import SamplingSettings, logits_to_probs
 from medusa_lite.tree import Tree, best_tree, default_tree
 
@@ -43,6 +55,16 @@ __all__ = [
     "TreeError",
     "UnsupportedModelError",
     "best_tree",
+    "Candidates",
+    "DatastoreLookup",
+    "FirstOf",
+    "MedusaHeadsProposer",
+    "PromptLookup",
+    "Proposer",
+    "ProposerError",
+    "StepContext",
+    "StepLimits",
+    "StepOutcome",
     "default_tree",
     "generate",
     "load",

@@ -1,17 +1,14 @@
 """The decoding loop: propose -> verify -> accept -> commit.
 
-Each step the heads propose a tree of guesses from the last accepted hidden state, the target
-verifies the whole tree in one forward, the longest path the target agrees with is accepted
-(plus one bonus token drawn from the target), and the KV cache keeps only that path.
+Each step the proposers (:mod:`medusa_lite.proposers`: the heads, prompt lookup, the datastore, a
+draft model...) build one draft tree of guesses, the target verifies the whole tree in one
+forward, the acceptance rule (:mod:`medusa_lite.acceptance`) keeps the path the target agrees
+with plus one bonus token drawn from the target, the KV cache keeps only that path, and every
+proposer is told what was kept.
 
-Why it is exact: at every tree node the target's own next token is drawn (argmax, or a sample
-from the temperature/top-k/top-p distribution), independently per node. Walking down from the
-root, we move to the child whose guess equals the target's token at the current node, and stop
-at the first node where no child matches; the target's token there is the bonus. Every emitted
-token is therefore the target's own draw given exactly the tokens before it, so the output has
-the target's distribution (greedy: the target's tokens). This is the "sample t ~ p and descend
-if t is a child" form of the exact rule for deterministic candidates (../shared/DESIGN.md §1), and it
-accepts as often as the try-children-in-order form.
+Why it is exact: every emitted token is distributed as the target's own next token given exactly
+the tokens before it (greedy: it is the target's argmax), whatever the proposers guessed; the
+rule and its proof are in :mod:`medusa_lite.acceptance` (../shared/DESIGN.md §1).
 """
 
 from __future__ import annotations
@@ -21,9 +18,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from medusa_lite.acceptance import accept, accepted_path
 from medusa_lite.cache import reserved_cache
-from medusa_lite.datastore import Datastore, datastore_continuation
-from medusa_lite.dynamic_tree import DynamicTree, SpeculationGate, chain_ranks
+from medusa_lite.datastore import Datastore
+from medusa_lite.draft import DATASTORE_SOURCE, LOOKUP_SOURCES, DraftTree, draft_tree, graft_chain, root_draft
+from medusa_lite.dynamic_tree import DynamicTree, SpeculationGate
+from medusa_lite.errors import GenerationInputError
 from medusa_lite.inputs import (
     as_datastore,
     as_prompt,
@@ -37,25 +37,41 @@ from medusa_lite.inputs import (
     context_limit,
     eos_ids,
 )
-from medusa_lite.lookup import LOOKUP_TOKENS_PER_MATCHED_TOKEN, DraftTree, copy_after_match, draft_tree, graft_chain, latest_match
-from medusa_lite.model import MedusaModel, TargetOutput, check_tree_attention_supported
+from medusa_lite.model import MedusaModel, TargetOutput, as_proposers, check_tree_attention_supported
+from medusa_lite.proposers import (
+    DEFAULT_DATASTORE_TOKENS,
+    DEFAULT_LOOKUP_TOKENS,
+    TRUSTED_MATCH_TOKENS,
+    MedusaHeadsProposer,
+    Proposer,
+    StepContext,
+    StepLimits,
+    StepOutcome,
+    default_proposers,
+    dynamic_step_tree,
+    head_guesses,
+    lookup_chain,
+    propose_draft,
+    row_budgets,
+    tree_tokens,
+)
 from medusa_lite.sampling import SamplingSettings, pick_tokens
-from medusa_lite.tree import Tree, as_tree, check_topk_fits
+from medusa_lite.tree import Tree
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 
-# Most prompt-lookup guesses grafted onto the tree per step (see medusa_lite.lookup); 0 = heads only.
-# A match of n tokens gets at most 2n of them (LOOKUP_TOKENS_PER_MATCHED_TOKEN). History: a flat
-# 3-token chain while verifying 4+ rows cost ~1.5x a one-token step (MKL); with the row_gemm kernel
-# up to 8 rows cost ~1.2-1.3x, and 6 (for 3-token matches) won the replay in medusa_lite.lookup.
-DEFAULT_LOOKUP_TOKENS = 6
-# Most datastore guesses per step (medusa_lite.datastore), used when the text itself has no match
-# of TRUSTED_MATCH_TOKENS tokens; 0 = no datastore. Replay (benchmarks/lookup_policy/, 120 held-out
-# self-distilled prompts): 3/4/5 tokens predict 1.889/1.908/1.894x.
-DEFAULT_DATASTORE_TOKENS = 4
-# A prompt-lookup match this long is preferred to the datastore (replay: 2 tokens 1.908x, 1 1.893x, 3 1.888x).
-TRUSTED_MATCH_TOKENS = 2
+__all__ = [  # the loop, and names other modules and scripts import from here
+    "DEFAULT_DATASTORE_TOKENS",
+    "DEFAULT_LOOKUP_TOKENS",
+    "TRUSTED_MATCH_TOKENS",
+    "GenerationOutput",
+    "GenerationStats",
+    "accepted_path",
+    "generate",
+    "lookup_chain",
+    "propose",
+    "tree_tokens",
+]
 NO_CHAIN = torch.zeros(0, dtype=torch.long)
-ROOT_ONLY = Tree(())  # a plain step's draft: the root alone
 
 
 @dataclass
@@ -78,6 +94,7 @@ class GenerationStats:
     datastore_steps: int = 0  # of those, steps whose lookup chain came from the datastore
     verified_rows: int = 0  # tree + lookup rows verified, summed over steps
     plain_steps: int = 0  # steps taken without guesses because speculation was not paying (SpeculationGate)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted guesses by proposer (no bonus tokens)
 
     @property
     def steps(self) -> int:
@@ -115,6 +132,7 @@ class GenerationStats:
             "datastore_steps": self.datastore_steps,
             "verified_rows": self.verified_rows,
             "plain_steps": self.plain_steps,
+            "accepted_by_source": dict(self.accepted_by_source),
             "mean_verified_rows": self.mean_verified_rows,
             "tree_nodes": self.tree_nodes,
             "tree_depth": self.tree_depth,
@@ -127,34 +145,15 @@ class GenerationOutput:
     stats: GenerationStats
 
 
-# -- propose -----------------------------------------------------------------------------------
-def tree_tokens(tree: Tree, root_token: torch.Tensor, guesses: torch.Tensor) -> torch.Tensor:
-    """Tree tokens [N]: the root, then at each node of depth d and rank r ``guesses[d - 1, r]`` (head d's r-th best)."""
-    depths, ranks = tree.node_depths[1:].to(guesses.device), tree.node_ranks[1:].to(guesses.device)
-    return torch.cat([root_token.view(1), guesses[depths - 1, ranks]])
-
-
-def head_guesses(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree) -> torch.Tensor:
-    """Tree tokens [N]: the root, then at each node of depth d head d's guess of that node's rank."""
-    if tree.depth == 0:
-        return root_token.view(1)
-    guesses = model.head_topk(hidden, max(tree.topk_per_depth()), tree.depth, next_tokens=root_token.view(()))  # [depth, k]
-    return tree_tokens(tree, root_token, guesses)
-
-
-def dynamic_step_tree(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, policy: DynamicTree, chain: torch.Tensor) -> tuple[Tree, torch.Tensor]:
-    """(this step's tree, its tokens [N]): the policy's choice from the heads' confidence in their guesses."""
-    depth = min(policy.depth, model.num_heads)
-    if depth == 0 or policy.max_nodes == 1:
-        return policy.choose([]), root_token.view(1)
-    ranks = min(policy.max_nodes - 1, model.guess_vocab_size)  # all nodes may be siblings
-    guesses, probabilities = model.head_topk_probabilities(hidden, ranks, depth, next_tokens=root_token.view(()))  # [depth, k]
-    tree = policy.choose(probabilities.tolist(), chain_ranks(guesses, chain), chain.numel())
-    return tree, tree_tokens(tree, root_token, guesses)
-
-
-def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree | DynamicTree, lookup_chain: torch.Tensor | None = None) -> DraftTree:
-    """This step's candidates: the heads' guesses on ``tree`` (or the tree a dynamic policy picks), plus a lookup chain grafted from the root."""
+# -- propose (the pieces scripts in infer/ and benchmarks/ call) ------------------------------
+def propose(
+    model: MedusaModel,
+    hidden: torch.Tensor,
+    root_token: torch.Tensor,
+    tree: Tree | DynamicTree,
+    lookup_chain: torch.Tensor | None = None,
+) -> DraftTree:
+    """The heads' guesses on ``tree`` (or the tree a dynamic policy picks), plus a lookup chain grafted on."""
     chain = lookup_chain if lookup_chain is not None else NO_CHAIN
     if isinstance(tree, DynamicTree):
         tree, tokens = dynamic_step_tree(model, hidden, root_token, tree, chain)
@@ -164,21 +163,45 @@ def propose(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, 
     return graft_chain(draft, chain) if chain.numel() else draft
 
 
-def lookup_chain(history: torch.Tensor, lookup_tokens: int, datastore: Datastore | None, datastore_tokens: int) -> tuple[torch.Tensor, bool]:
-    """(guesses for the tokens after the root, whether they came from the datastore).
+# -- choosing the proposers --------------------------------------------------------------------
+def resolve_proposers(
+    model: MedusaModel, proposers, tree, lookup_tokens, datastore, datastore_tokens
+) -> tuple[Proposer, ...]:
+    """``proposers`` as given; else the shorthands' heads + lookups when any is given; else ``model.proposers``."""
+    shorthands = {"tree": tree, "lookup_tokens": lookup_tokens, "datastore": datastore}
+    shorthands["datastore_tokens"] = datastore_tokens
+    given = [name for name, value in shorthands.items() if value is not None]
+    if proposers is not None:
+        if given:
+            raise GenerationInputError(
+                f"give either proposers= or the shorthands {', '.join(given)}= (they build the default set), not both"
+            )
+        return as_proposers(proposers)
+    if not given:
+        return tuple(model.proposers)
+    lookup_tokens = check_lookup_tokens(DEFAULT_LOOKUP_TOKENS if lookup_tokens is None else lookup_tokens)
+    datastore_tokens = DEFAULT_DATASTORE_TOKENS if datastore_tokens is None else datastore_tokens
+    datastore_tokens = check_lookup_tokens(datastore_tokens, "datastore_tokens")
+    datastore = as_datastore(True if datastore is None else datastore, model)
+    return default_proposers(tree, lookup_tokens, datastore, datastore_tokens)
 
-    The text's own latest n-gram match (prompt lookup, at most 2 guesses per matched token) when it
-    has one of ``TRUSTED_MATCH_TOKENS`` tokens or more (and prompt lookup is on); otherwise the datastore's continuation,
-    when it has one; otherwise the shorter prompt-lookup match, if any.
-    """
-    n, follow = latest_match(history)
-    if (lookup_tokens <= 0 or n < TRUSTED_MATCH_TOKENS) and datastore is not None and datastore_tokens > 0:
-        stored = datastore_continuation(datastore, history, datastore_tokens)
-        if stored.numel():
-            return stored, True
-    return copy_after_match(history, n, follow, lookup_tokens, LOOKUP_TOKENS_PER_MATCHED_TOKEN), False
+
+def start(
+    proposers: Sequence[Proposer], model: MedusaModel, prompt: torch.Tensor, max_depth: int
+) -> tuple[list[Proposer], list[int]]:
+    """(the proposers running this generation, each one's most nodes per step)."""
+    budgets = row_budgets(proposers, model, max_depth)
+    rows_before = [1 + sum(budgets[:i]) for i in range(len(budgets))]
+    running = [p.begin(model, prompt, StepLimits(model, max_depth, rows)) for p, rows in zip(proposers, rows_before)]
+    return running, budgets
 
 
+def heads_tree(running: Sequence[Proposer]) -> Tree | DynamicTree:
+    """The tree the heads decode with this generation (the root alone without heads), for the stats."""
+    return next((p.tree for p in running if isinstance(p, MedusaHeadsProposer)), Tree(()))
+
+
+# -- verify, accept and commit -----------------------------------------------------------------
 def verify_draft(model: MedusaModel, cache, draft: DraftTree) -> TargetOutput:
     """The target's logits and hidden states at every draft node; a root-only draft takes a plain
     one-token forward (no tree mask), as cheap as a step of ``model.generate``."""
@@ -188,23 +211,12 @@ def verify_draft(model: MedusaModel, cache, draft: DraftTree) -> TargetOutput:
     return TargetOutput(logits=out.logits[0], hidden=out.hidden[0])
 
 
-# -- accept ------------------------------------------------------------------------------------
-def accepted_path(tree: Tree, candidates: torch.Tensor, target_tokens: torch.Tensor) -> torch.Tensor:
-    """Node indices root..deepest of the longest path whose every guess equals the target's token.
-
-    Node j's guess is right when it equals the target's token at its parent; a node is accepted
-    when it and all its ancestors are right. Siblings hold distinct guesses, so the accepted
-    nodes form one chain; node indices grow with depth, so sorting them orders the chain.
-    """
-    parents = tree.parents.to(candidates.device)
-    right = candidates == target_tokens[parents]
-    right[0] = True
-    ancestors = tree.ancestor_mask.to(candidates.device)
-    accepted = ~(ancestors & ~right[None, :]).any(dim=-1)
-    deepest = int(torch.argmax(torch.where(accepted, tree.node_depths.to(candidates.device), -1)))
-    return torch.nonzero(ancestors[deepest]).squeeze(-1)
-
-
+def gate_after_step(gate: SpeculationGate, pricing: DynamicTree, speculated: bool, draft: DraftTree, path, room: int):
+    """The speculation gate after a step: a dynamic tree prices it with this machine's step costs."""
+    if not speculated:
+        return gate.after_plain_step()
+    asked_heads = pricing.pruned(room).depth > 0 and pricing.max_nodes > 1
+    return gate.after_speculative_step(path.numel(), pricing.step_cost(draft.num_nodes, asked_heads))
 def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """Tokens up to and including the first EOS, and whether one was found."""
     if eos.numel() == 0:
@@ -215,15 +227,19 @@ def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, b
     return tokens[: int(hits[0]) + 1], True
 
 
-def record_step(stats: GenerationStats, accepted_guesses: int, used_lookup: bool, from_datastore: bool, verified_rows: int) -> None:
-    """Count one verification step (lookup chains may reach deeper than the heads' tree)."""
+def record_step(stats: GenerationStats, draft: DraftTree, path: torch.Tensor) -> None:
+    """Count one verification step (guesses may reach deeper than the heads' tree)."""
+    sources = [draft.sources[node] for node in path[1:].tolist()]
+    accepted_guesses = len(sources)
     stats.accepted_at_depth.extend([0] * (accepted_guesses - len(stats.accepted_at_depth)))
     for depth in range(accepted_guesses):
         stats.accepted_at_depth[depth] += 1
+    for source in sources:
+        stats.accepted_by_source[source] = stats.accepted_by_source.get(source, 0) + 1
     stats.tokens_per_step.append(accepted_guesses + 1)
-    stats.lookup_steps += used_lookup
-    stats.datastore_steps += used_lookup and from_datastore
-    stats.verified_rows += verified_rows
+    stats.lookup_steps += any(source in LOOKUP_SOURCES for source in sources)
+    stats.datastore_steps += DATASTORE_SOURCE in sources
+    stats.verified_rows += draft.num_nodes
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -237,53 +253,54 @@ def generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
+    proposers: Proposer | Sequence[Proposer] | None = None,
     tree: Tree | DynamicTree | Iterable[Sequence[int]] | None = None,
-    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
-    datastore: Datastore | None | bool = True,
-    datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
+    lookup_tokens: int | None = None,
+    datastore: Datastore | None | bool = None,
+    datastore_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     streamer=None,
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
 ) -> GenerationOutput:
-    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with exact Medusa decoding.
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with exact speculative decoding.
 
     Greedy (``temperature=0``) returns the tokens of ``model.base_model.generate(do_sample=False)``;
     with ``temperature > 0`` (and optional ``top_k`` / ``top_p``) tokens follow exactly the target's
-    sampling distribution. ``tree`` is a :class:`Tree`, a list of top-k rank paths, or a
-    :class:`~medusa_lite.dynamic_tree.DynamicTree` policy choosing each step's tree (default:
-    ``model.tree``). ``lookup_tokens``: the most prompt-lookup guesses grafted onto the tree each
-    step (copied from the prompt and the text so far, at most 2 per matched token; 0 = heads only).
-    ``datastore``: where to look when the text has no 2-token match (:mod:`medusa_lite.datastore`):
-    True = ``model.datastore`` (the one shipped beside the heads, if any), a :class:`Datastore`,
-    or False/None for none; ``datastore_tokens``: the most guesses it adds per step (0 = none).
+    sampling distribution. ``proposers``: the :class:`~medusa_lite.proposers.Proposer` (s) that
+    guess each step, run in order (default: ``model.proposers``, set by ``load``: the lookups,
+    then the heads on ``model.tree``). Shorthands that build the default proposers instead
+    (not together with ``proposers``): ``tree``, a :class:`Tree`, a list of top-k rank paths or a
+    :class:`~medusa_lite.dynamic_tree.DynamicTree` (default ``model.tree``); ``lookup_tokens``,
+    the most prompt-lookup guesses per step (default 6, at most 2 per matched token; 0 = off);
+    ``datastore``, True = ``model.datastore``, a :class:`Datastore`, or False/None for none, asked
+    when the text has no 2-token match; ``datastore_tokens``, its most guesses per step (default 4).
     ``streamer`` receives the prompt, then each step's accepted tokens (e.g.
     ``transformers.TextStreamer``). Generation stops at any of ``eos_token_id`` (default: the
     model's), included in the output. ``input_ids`` may be a tokenizer's output (``BatchEncoding``
     or dict; ``generate(model, **inputs)`` works too), ``attention_mask`` all ones (one sequence,
     no padding). The model is in eval mode during the call (greedy is then deterministic), its
-    own mode restored after. Every argument is checked by :mod:`medusa_lite.inputs`.
+    own mode restored after. Every argument is checked by :mod:`medusa_lite.inputs`. Where the
+    heads' tree is dynamic (it knows this machine's step costs), speculation pauses while it does
+    not pay (:class:`~medusa_lite.dynamic_tree.SpeculationGate`).
     """
     settings = SamplingSettings(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
-    lookup_tokens = check_lookup_tokens(lookup_tokens)
-    datastore_tokens = check_lookup_tokens(datastore_tokens, "datastore_tokens")
-    datastore = as_datastore(datastore, model)
+    proposers = resolve_proposers(model, proposers, tree, lookup_tokens, datastore, datastore_tokens)
     check_tree_attention_supported(model.base_model)
     prompt = as_prompt(input_ids, model.device, attention_mask)
-    check_token_ids(prompt, model.config.vocab_size)
-    full_tree = (as_tree(tree, model.num_heads) if tree is not None else model.tree).pruned(model.num_heads)
-    if isinstance(full_tree, Tree):  # a dynamic tree uses only the ranks there are
-        check_topk_fits(full_tree, model.guess_vocab_size)
+    check_token_ids(prompt, model.vocab_size)
     check_context(prompt.numel(), max_new_tokens, context_limit(model))
     eos = eos_ids(eos_token_id, model)
     check_generator(generator, model.device)
     check_streamer(streamer)
+    running, budgets = start(proposers, model, prompt, max_new_tokens - 1)
 
-    stats = GenerationStats(tree_nodes=full_tree.num_nodes, tree_depth=full_tree.depth, accepted_at_depth=[0] * full_tree.depth)
+    shape = heads_tree(running)
+    stats = GenerationStats(tree_nodes=shape.num_nodes, tree_depth=shape.depth, accepted_at_depth=[0] * shape.depth)
     if streamer is not None:
         streamer.put(prompt[None].cpu())
-    history = prompt  # prompt + committed tokens: where the lookup searches
+    history = prompt  # prompt + committed tokens: where the lookups search
 
     def commit(tokens: torch.Tensor) -> bool:
         """Append accepted tokens; True when generation is finished."""
@@ -297,8 +314,8 @@ def generate(
 
     finished = max_new_tokens == 0
     if not finished:
-        # Room for the whole generation: the prompt, every new token and the widest step's tree.
-        cache = reserved_cache(model, prompt.numel() + max_new_tokens + full_tree.num_nodes + max(lookup_tokens, datastore_tokens))
+        # Room for the whole generation: the prompt, every new token and the widest step's draft.
+        cache = reserved_cache(model, prompt.numel() + max_new_tokens + sum(budgets))
         # Only the last position's logits are needed (as in transformers' generate): the lm_head
         # over a long prompt would otherwise cost more than several decoding steps.
         prefill = model.target_forward(prompt[None], cache=cache, use_cache=True, logits_to_keep=1)
@@ -307,33 +324,28 @@ def generate(
         hidden = prefill.hidden[0, -1]
         finished = commit(root)
 
-    # A dynamic tree knows this machine's step costs: speculation pauses where it does not pay (SpeculationGate).
-    pricing = full_tree if isinstance(full_tree, DynamicTree) else None
+    pricing = shape if isinstance(shape, DynamicTree) else None  # a dynamic tree knows this machine's step costs
     gate = SpeculationGate()
     while not finished:
         # Never guess past max_new_tokens: a step commits at most depth + 1 tokens.
         room = max_new_tokens - stats.new_tokens - 1
         prefix_len = cache.get_seq_length()
         speculates = pricing is None or gate.speculates
-        chain, from_datastore = NO_CHAIN, False
-        if speculates:
-            chain, from_datastore = lookup_chain(history, min(lookup_tokens, room), datastore, min(datastore_tokens, room))
-        step_tree = full_tree.pruned(room) if speculates else ROOT_ONLY
-        draft = propose(model, hidden, root, step_tree, chain)
+        step = StepContext(model, history, root, hidden, root_draft(root), room, 0, settings, generator)
+        draft = propose_draft(running, budgets, step) if speculates else step.draft
         verified = verify_draft(model, cache, draft)
         stats.target_calls += 1
-        target_tokens = pick_tokens(verified.logits, settings, generator)
-        path = accepted_path(draft, draft.tokens, target_tokens)
+        path, root = accept(draft, verified.logits, settings, generator)
         keep_accepted_in_cache(cache, prefix_len, path)
-        root = target_tokens[path[-1:]]
         hidden = verified.hidden[path[-1]]
-        record_step(stats, path.numel() - 1, bool(draft.from_lookup[path.cpu()].any()), from_datastore, draft.num_nodes)
+        accepted = torch.cat([draft.tokens[path[1:]], root])
+        for proposer in running:
+            proposer.accepted(StepOutcome(draft, path, accepted))
+        record_step(stats, draft, path)
         if pricing is not None:
-            asked_heads = speculates and step_tree.depth > 0 and step_tree.max_nodes > 1
-            cost = pricing.step_cost(draft.num_nodes, asked_heads)
-            gate = gate.after_speculative_step(path.numel(), cost) if speculates else gate.after_plain_step()
+            gate = gate_after_step(gate, pricing, speculates, draft, path, room)
             stats.plain_steps += not speculates
-        finished = commit(torch.cat([draft.tokens[path[1:]], root]))
+        finished = commit(accepted)
 
     sequences = history[None]
     if streamer is not None:

@@ -183,7 +183,7 @@ def as_datastore(datastore: object, model: MedusaModel) -> Datastore | None:
             f"datastore must be True (the model's own), False or None (no datastore), or a medusa_lite.Datastore; "
             f"got {type(datastore).__name__} (to read a file: medusa_lite.Datastore.load(path))"
         )
-    datastore.check_fits(model.config.vocab_size)
+    datastore.check_fits(model.vocab_size)
     return datastore
 
 
@@ -243,7 +243,7 @@ def eos_ids(eos_token_id: int | Sequence[int] | None, model: MedusaModel) -> tor
         default = getattr(generation_config, "eos_token_id", None)
         ids = [] if default is None else [int(i) for i in ([default] if isinstance(default, int) else default)]
     else:
-        ids = token_ids(eos_token_id, "eos_token_id", model.config.vocab_size)
+        ids = token_ids(eos_token_id, "eos_token_id", model.vocab_size)
     return torch.tensor(ids, dtype=torch.long, device=model.device)
 
 

@@ -41,9 +41,9 @@ from medusa_lite.costs import step_costs
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.errors import MedusaError, TreeError
-from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.heads import HEADS_WHAT, MedusaHeads
 from medusa_lite.model import MedusaModel
+from medusa_lite.proposers import Proposer, StepLimits, default_lookups, step_rows
 from medusa_lite.prepack import ROW_GEMM, check_prepack_supported, prepack_backend, prepack_linears, prepack_supported
 from medusa_lite.resolve import ArtifactSource, resolve_source
 from medusa_lite.tree import Tree, as_tree
@@ -232,12 +232,12 @@ def heads_source_for(model: str | os.PathLike | None, heads: str | os.PathLike |
 
 
 def verification_rows(num_nodes: int) -> int:
-    """The most rows a decoding step verifies with a tree of ``num_nodes``: its nodes + the default lookup chain."""
-    return num_nodes + DEFAULT_LOOKUP_TOKENS
+    """The most rows a decoding step verifies with a tree of ``num_nodes``: its nodes + the default lookups' longest chain."""
+    return num_nodes + default_lookups().max_nodes(StepLimits(model=None, max_depth=None))
 
 
-def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None) -> None:
-    """Pack ``base``'s linear layers for verifying ``tree`` plus the default prompt-lookup chain.
+def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None, rows: int | None = None) -> None:
+    """Pack ``base``'s linear layers for verifying ``rows`` rows (default: ``tree`` plus the default prompt-lookup chain).
 
     ``prepack`` None: when :func:`~medusa_lite.prepack.prepack_supported`; True: always (raise
     :class:`~medusa_lite.errors.UnsupportedModelError` when unsupported); False: never.
@@ -245,7 +245,7 @@ def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None) ->
     if prepack is False or (prepack is None and not prepack_supported(base)):
         return
     check_prepack_supported(base)
-    prepack_linears(base, verification_rows(tree.num_nodes))  # too few rows for the backend: packs nothing
+    prepack_linears(base, rows if rows is not None else verification_rows(tree.num_nodes))  # too few rows for the backend: packs nothing
 
 
 def load(
@@ -260,6 +260,7 @@ def load(
     heads_revision: str | None = None,
     token: str | bool | None = None,
     cache_dir: str | os.PathLike | None = None,
+    proposers: Proposer | Sequence[Proposer] | None = None,
 ) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
     """``(MedusaModel, tokenizer)`` ready for :func:`medusa_lite.generate`; ``model.tree`` is its tree.
 
@@ -280,6 +281,10 @@ def load(
     default lookup chain (:mod:`medusa_lite.prepack`: the row_gemm kernel, else MKL; measured over
     all linears of SmolLM2-135M, 8 rows: 61-64 ms unpacked, 45 ms MKL, 30 ms row_gemm, one row
     27-29 ms). None: when possible (float32 on CPU); True: raise if not possible; False: never.
+
+    ``proposers``: the sources of guesses ``generate`` uses by default (``model.proposers``,
+    :mod:`medusa_lite.proposers`); None: the lookups, then the heads on the tree. The weights are
+    packed for the most rows a step of theirs verifies.
     """
     if isinstance(heads, MedusaHeads):
         heads_module, source = heads, None
@@ -290,8 +295,8 @@ def load(
     base, tokenizer = load_target(model, dtype, device)
     base = adapt_target(base, source, heads_module.config)
     store = resolve_datastore(datastore, source, heads_module.config.vocab_size)
-    medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store).eval()
-    prepack_for_tree(medusa.base_model, medusa.tree, prepack)
+    medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store, proposers=proposers).eval()
+    prepack_for_tree(medusa.base_model, medusa.tree, prepack, step_rows(medusa.proposers, medusa))
     if medusa.draft_lm_head is not None and prepack_backend(medusa.base_model) == ROW_GEMM:
         medusa.draft_lm_head.pack_for_few_rows(medusa.num_heads)  # the heads' projection: one row per head
     if isinstance(medusa.tree, DynamicTree) and not isinstance(tree, DynamicTree):  # a policy given as an object keeps its costs

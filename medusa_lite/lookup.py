@@ -9,14 +9,15 @@ accepts more per step than either alone.
 
 Decoding stays exact: the chain is one more set of deterministic candidates, merged into the
 tree as a trie (a chain token equal to an existing guess reuses that node, so siblings stay
-distinct), and the acceptance rule does not care where a candidate came from.
+distinct: :func:`medusa_lite.draft.graft`), and the acceptance rule does not care where a
+candidate came from. :class:`medusa_lite.proposers.PromptLookup` is the proposer.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+
+from medusa_lite.draft import DraftTree, draft_tree, graft_chain  # noqa: F401  (the draft tree lived here; re-exported)
 
 # Longest n-gram matched first, down to the shortest (transformers' PLD defaults to 2 -> 1).
 LOOKUP_MAX_NGRAM = 3
@@ -75,65 +76,3 @@ def copy_after_match(history: torch.Tensor, n: int, follow: int | None, max_toke
         return history[:0]
     count = max_tokens if tokens_per_matched_token is None else min(max_tokens, tokens_per_matched_token * n)
     return history[follow : follow + count]
-
-
-@dataclass(frozen=True)
-class DraftTree:
-    """The tokens verified in one step and their tree shape (duck-types :class:`Tree` for verify/accept).
-
-    ``from_lookup[j]`` marks nodes that only the prompt lookup proposed.
-    """
-
-    tokens: torch.Tensor  # [N] node 0 is the root
-    parents: torch.Tensor  # [N]
-    node_depths: torch.Tensor  # [N]
-    ancestor_mask: torch.Tensor  # [N, N]
-    from_lookup: torch.Tensor  # [N] bool
-
-    @property
-    def num_nodes(self) -> int:
-        return self.tokens.numel()
-
-    @property
-    def depth(self) -> int:
-        return int(self.node_depths.max())
-
-
-def draft_tree(tree, tokens: torch.Tensor) -> DraftTree:
-    """A static tree's shape with this step's tokens (no copies of the shape tensors)."""
-    return DraftTree(tokens, tree.parents, tree.node_depths, tree.ancestor_mask, torch.zeros(tokens.numel(), dtype=torch.bool))
-
-
-def graft_chain(draft: DraftTree, chain: torch.Tensor) -> DraftTree:
-    """Merge ``chain`` (guesses for the tokens after the root) into ``draft`` as a trie.
-
-    The chain follows existing nodes while their tokens agree, then continues as new nodes;
-    new nodes see their ancestors like any other node.
-    """
-    tokens, parents, depths = draft.tokens.tolist(), draft.parents.tolist(), draft.node_depths.tolist()
-    node, first_new = 0, len(tokens)
-    for token in chain.tolist():
-        child = next((j for j in range(1, len(tokens)) if parents[j] == node and tokens[j] == token), None) if node < first_new else None
-        if child is None:
-            tokens.append(token)
-            parents.append(node)
-            depths.append(depths[node] + 1)
-            child = len(tokens) - 1
-        node = child
-    added = len(tokens) - first_new
-    if added == 0:
-        return draft
-    size = len(tokens)
-    mask = torch.zeros(size, size, dtype=torch.bool)
-    mask[:first_new, :first_new] = draft.ancestor_mask
-    for j in range(first_new, size):
-        mask[j] = mask[parents[j]]
-        mask[j, j] = True
-    device = draft.tokens.device
-    return DraftTree(
-        tokens=torch.tensor(tokens, dtype=torch.long, device=device),
-        parents=torch.tensor(parents, dtype=torch.long),
-        node_depths=torch.tensor(depths, dtype=torch.long),
-        ancestor_mask=mask,
-        from_lookup=torch.cat([draft.from_lookup, torch.ones(added, dtype=torch.bool)]),
-    )

@@ -17,9 +17,10 @@ from transformers import PreTrainedModel
 
 from medusa_lite.attention import TREE_SDPA
 from medusa_lite.datastore import Datastore
-from medusa_lite.errors import IncompatibleHeadsError, TreeError, UnsupportedModelError
+from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError, MedusaError, TreeError, UnsupportedModelError
 from medusa_lite.heads import DraftLMHead, MedusaConfig, MedusaHeads
 from medusa_lite.dynamic_tree import DynamicTree
+from medusa_lite.proposers import Proposer, default_proposers
 from medusa_lite.tree import Tree, as_tree
 
 # Attention implementations known to apply an arbitrary additive 4D mask (tree attention).
@@ -86,33 +87,59 @@ def check_tree_attention_supported(base_model: PreTrainedModel) -> None:
         )
 
 
-class MedusaModel(nn.Module):
-    """A frozen causal LM plus K Medusa heads reading its last hidden state.
+def as_proposers(proposers) -> tuple[Proposer, ...]:
+    """A proposer or a sequence of them as a tuple; a clear error for anything else."""
+    proposers = (proposers,) if isinstance(proposers, Proposer) else tuple(proposers)
+    for proposer in proposers:
+        if not isinstance(proposer, Proposer):
+            raise GenerationInputError(f"proposers must be medusa_lite.Proposer instances, got {type(proposer).__name__}")
+    return proposers
 
-    ``tree`` is the candidate tree ``generate`` uses when given none (like a generation config):
-    by default the one the heads' training summary suggests. ``datastore`` (read-only, like the
-    tree) is where ``generate`` looks up guesses the text itself has no match for. The model holds no decoding state:
-    the KV cache and everything else of a generation live in :func:`medusa_lite.generate`.
+
+class MedusaModel(nn.Module):
+    """A frozen causal LM plus K Medusa heads reading its last hidden state (or no heads: ``heads=None``).
+
+    Like a generation config, the model carries what ``generate`` uses when given nothing else:
+    ``proposers``, the sources of guesses (:mod:`medusa_lite.proposers`; default: the lookups,
+    then the heads on ``tree``), ``tree``, the heads' candidate tree (by default the one the heads'
+    training summary suggests; the root alone without heads), and ``datastore`` (read-only), where
+    the datastore lookup finds guesses the text itself has no match for. The model holds no
+    decoding state: the KV cache and everything else of a generation live in :func:`medusa_lite.generate`.
 
     Heads with a draft vocabulary project through ``draft_lm_head``, the base lm_head's rows of
     the draft ids gathered once here (derived data: non-persistent, never saved); after changing
     the base lm_head or the heads' ids in place, call :meth:`refresh_draft_lm_head`.
     """
 
-    def __init__(self, base_model: PreTrainedModel, heads: MedusaHeads, *, tree=None, datastore: Datastore | None = None, freeze_base: bool = True):
+    def __init__(
+        self,
+        base_model: PreTrainedModel,
+        heads: MedusaHeads | None = None,
+        *,
+        tree=None,
+        datastore: Datastore | None = None,
+        proposers=None,
+        freeze_base: bool = True,
+    ):
         super().__init__()
-        check_heads_fit(base_model, heads.config)
+        if heads is not None:
+            check_heads_fit(base_model, heads.config)
         self.base_model = base_model
         self.heads = heads
-        resolved = as_tree(tree, heads.config.num_heads, heads.config.training_summary)
-        self.tree: Tree | DynamicTree = resolved.pruned(heads.config.num_heads)  # a dynamic tree guesses only as deep as the heads
+        num_heads = self.num_heads
+        if heads is None and tree is None:
+            resolved = Tree(())  # no heads: the root alone
+        else:
+            resolved = as_tree(tree, num_heads, heads.config.training_summary if heads is not None else None)
+        self.tree: Tree | DynamicTree = resolved.pruned(num_heads)  # a dynamic tree guesses only as deep as the heads
         if datastore is not None:
-            datastore.check_fits(heads.config.vocab_size)  # = the target's, checked just above
+            datastore.check_fits(self.vocab_size)
         self.datastore: Datastore | None = datastore
+        self.proposers = default_proposers() if proposers is None else as_proposers(proposers)
         if freeze_base:
             base_model.requires_grad_(False)
         parameter = base_model.get_output_embeddings().weight
-        tensors = [*heads.parameters(), *heads.buffers()]  # buffers: the draft ids must sit on the model's device too
+        tensors = [*heads.parameters(), *heads.buffers()] if heads is not None else []  # buffers: the draft ids must sit on the model's device too
         if any(t.device != parameter.device or (t.is_floating_point() and t.dtype != parameter.dtype) for t in tensors):
             heads.to(device=parameter.device, dtype=parameter.dtype)
         self.draft_lm_head: DraftLMHead | None = None
@@ -141,22 +168,28 @@ class MedusaModel(nn.Module):
 
     def refresh_draft_lm_head(self) -> None:
         """(Re)gather the base lm_head rows of the heads' draft vocabulary (no-op without one)."""
-        ids = self.heads.draft_token_ids
+        ids = self.heads.draft_token_ids if self.heads is not None else None
         self.draft_lm_head = None if ids is None else DraftLMHead(self.base_model.get_output_embeddings(), ids)
 
     @property
-    def config(self) -> MedusaConfig:
-        return self.heads.config
+    def config(self) -> MedusaConfig | None:
+        """The heads' config (None for a model without heads)."""
+        return self.heads.config if self.heads is not None else None
 
     @property
     def num_heads(self) -> int:
-        return self.heads.config.num_heads
+        return self.heads.config.num_heads if self.heads is not None else 0
+
+    @property
+    def vocab_size(self) -> int:
+        """The target's vocabulary size (its lm_head's outputs): every token id lies in [0, vocab_size)."""
+        return self.base_model.get_output_embeddings().weight.shape[0]
 
     @property
     def guess_vocab_size(self) -> int:
         """How many distinct tokens the heads can guess (the draft vocabulary's size, else the vocabulary's):
         the most guesses per head a tree may ask for."""
-        return self.heads.config.guess_vocab_size
+        return self.heads.config.guess_vocab_size if self.heads is not None else self.vocab_size
 
     @property
     def device(self) -> torch.device:
@@ -175,7 +208,7 @@ class MedusaModel(nn.Module):
     @property
     def reads_next_token(self) -> bool:
         """Whether the heads also read the token after the hidden state (``config.next_token_input``)."""
-        return self.heads.config.next_token_input
+        return self.heads is not None and self.heads.config.next_token_input
 
     def next_token_embeds(self, next_tokens: torch.Tensor | None) -> torch.Tensor | None:
         """The base model's input embeddings of ``next_tokens`` for heads that read them, else None."""
@@ -195,6 +228,8 @@ class MedusaModel(nn.Module):
         vocabulary over its D tokens only, logit i being token ``heads.draft_token_ids[i]``
         (:meth:`head_topk` maps them back to token ids).
         """
+        if self.heads is None:
+            raise MedusaError("this MedusaModel has no heads (a target with proposers only): it has no head logits")
         output_layer = self.draft_lm_head if self.draft_lm_head is not None else self.base_model.get_output_embeddings()
         return self.heads.project(self.heads(hidden, num_heads, self.next_token_embeds(next_tokens)), output_layer)
 
