@@ -192,5 +192,5 @@ def tree_of_candidates(candidates: Candidates, kept: list[int], device: torch.de
         parents=torch.tensor(parents, dtype=torch.long),
         node_depths=torch.tensor([candidates.depths[node] for node in order], dtype=torch.long),
         ancestor_mask=mask,
-        from_lookup=torch.zeros(len(order), dtype=torch.bool),
+        sources=("root",) + ("drafter",) * (len(order) - 1),
     )
