@@ -1,19 +1,17 @@
-"""Exact-distribution checks on tiny vocabularies: the target's distribution of the first tokens, a chi-square test.
+"""tests/exact_distribution.py for any prompt, length and proposers: the target's exact distribution, samples.
 
-As in test_sampling_exact: the exact joint distribution of the first ``new_tokens`` tokens is
-enumerated with full forwards of the target; samples are compared to it with Pearson's
-chi-square at ``ALPHA`` (bins expected below ``MIN_EXPECTED`` pooled). A test using these shows
-its power with a negative control: a slightly wrong rule, the same test, which must reject.
+The exact joint distribution of the first ``new_tokens`` tokens is enumerated with full forwards
+of the target; ``sampled_counts`` draws them with ``generate`` and any of its arguments
+(``proposers=...``); ``chi_square_p_value`` and ``ALPHA`` are tests/exact_distribution.py's. A test
+using these shows its power with a negative control: a wrong rule, the same test, which must reject.
 """
 
 from __future__ import annotations
 
 import torch
+from exact_distribution import ALPHA, chi_square_p_value  # noqa: F401  (re-exported for the proposer tests)
 
 from medusa_lite import SamplingSettings, generate, logits_to_probs
-
-ALPHA = 1e-3
-MIN_EXPECTED = 5.0
 
 
 def exact_distribution(
@@ -34,26 +32,6 @@ def exact_distribution(
             for t in range(vocab)
         }
     return probs
-
-
-def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
-    """Pearson chi-square p-value, merging bins whose expected count is below MIN_EXPECTED."""
-    observed, expected, pooled_observed, pooled_expected = [], [], 0.0, 0.0
-    for outcome, p in expected_probs.items():
-        if n * p < MIN_EXPECTED:
-            pooled_observed += counts.get(outcome, 0)
-            pooled_expected += n * p
-        else:
-            observed.append(counts.get(outcome, 0))
-            expected.append(n * p)
-    if pooled_expected > 0:
-        observed.append(pooled_observed)
-        expected.append(pooled_expected)
-    assert sum(observed) == n, "a sample fell outside the enumerated outcomes"
-    o, e = torch.tensor(observed, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64)
-    statistic = ((o - e) ** 2 / e).sum()
-    degrees = len(observed) - 1
-    return float(torch.special.gammaincc(torch.tensor(degrees / 2, dtype=torch.float64), statistic / 2))
 
 
 def sampled_counts(
