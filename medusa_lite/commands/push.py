@@ -1,4 +1,4 @@
-"""``medusa-lite push``: upload trained heads to the Hugging Face Hub (:func:`medusa_lite.hub.push_heads_to_hub`).
+"""``medusa-lite push``: upload a trained artifact to the Hugging Face Hub (:func:`medusa_lite.hub.push_heads_to_hub`).
 
     medusa-lite push runs/smollm2-heads/heads your-name/smollm2-medusa-heads [--private] [--revision BRANCH]
 
@@ -16,10 +16,12 @@ from medusa_lite.hub import push_heads_to_hub
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="medusa-lite push", description="Upload trained Medusa heads to the Hugging Face Hub."
+        prog="medusa-lite push", description="Upload trained Medusa heads (the whole artifact) to the Hub."
     )
     parser.add_argument(
-        "heads", help="the heads folder (MedusaHeads.save_pretrained: config.json + model.safetensors)"
+        "heads",
+        help="the heads folder as training writes it (config.json + model.safetensors, and any adapter/, "
+        "tree.json and datastore.safetensors in it: everything load() reads is uploaded)",
     )
     parser.add_argument(
         "repo_id", help="the Hub repo to upload to (created if missing), e.g. your-name/model-medusa-heads"
