@@ -321,7 +321,8 @@ def generate(
         prefill = model.target_forward(prompt[None], cache=cache, use_cache=True, logits_to_keep=1)
         stats.target_calls += 1
         root = pick_tokens(prefill.logits[0, -1:], settings, generator)
-        hidden = prefill.hidden[0, -1]
+        unseen = prefill.hidden[0]  # hidden states the proposers have not been shown yet (StepContext.fresh_hidden)
+        hidden = unseen[-1]
         finished = commit(root)
 
     pricing = shape if isinstance(shape, DynamicTree) else None  # a dynamic tree knows this machine's step costs
@@ -331,13 +332,15 @@ def generate(
         room = max_new_tokens - stats.new_tokens - 1
         prefix_len = cache.get_seq_length()
         speculates = pricing is None or gate.speculates
-        step = StepContext(model, history, root, hidden, root_draft(root), room, 0, settings, generator)
+        step = StepContext(model, history, root, hidden, root_draft(root), room, 0, settings, generator, unseen)
         draft = propose_draft(running, budgets, step) if speculates else step.draft
+        unseen = unseen[:0] if speculates else unseen
         verified = verify_draft(model, cache, draft)
         stats.target_calls += 1
         path, root = accept(draft, verified.logits, settings, generator)
         keep_accepted_in_cache(cache, prefix_len, path)
-        hidden = verified.hidden[path[-1]]
+        unseen = torch.cat([unseen, verified.hidden[path]])
+        hidden = unseen[-1]
         accepted = torch.cat([draft.tokens[path[1:]], root])
         for proposer in running:
             proposer.accepted(StepOutcome(draft, path, accepted))

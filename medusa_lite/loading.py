@@ -39,6 +39,8 @@ from medusa_lite.artifact import TREE_FILE_NAME, adapt_target
 from medusa_lite.attention import TREE_SDPA
 from medusa_lite.costs import step_costs
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
+from medusa_lite.drafter import SequentialDrafter, holds_drafter
+from medusa_lite.drafter_proposer import DEFAULT_DRAFTER_NODES, SequentialDrafterProposer, check_drafter_fits
 from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.heads import HEADS_WHAT, MedusaHeads
@@ -286,12 +288,14 @@ def load(
     :mod:`medusa_lite.proposers`); None: the lookups, then the heads on the tree. The weights are
     packed for the most rows a step of theirs verifies.
     """
-    if isinstance(heads, MedusaHeads):
+    if isinstance(heads, (MedusaHeads, SequentialDrafter)):
         heads_module, source = heads, None
     else:
         where = heads_source_for(model, heads)
         source = resolve_source(where, HEADS_WHAT, revision=heads_revision, token=token, cache_dir=cache_dir)
-        heads_module = MedusaHeads.from_source(source)
+        heads_module = SequentialDrafter.from_source(source) if holds_drafter(source) else MedusaHeads.from_source(source)
+    if isinstance(heads_module, SequentialDrafter):  # the artifact's config.json records kind "sequential-drafter"
+        return load_with_drafter(heads_module, source, model, dtype=dtype, device=device, tree=tree, datastore=datastore, prepack=prepack, proposers=proposers)
     base, tokenizer = load_target(model, dtype, device)
     base = adapt_target(base, source, heads_module.config)
     store = resolve_datastore(datastore, source, heads_module.config.vocab_size)
@@ -301,6 +305,36 @@ def load(
         medusa.draft_lm_head.pack_for_few_rows(medusa.num_heads)  # the heads' projection: one row per head
     if isinstance(medusa.tree, DynamicTree) and not isinstance(tree, DynamicTree):  # a policy given as an object keeps its costs
         medusa.tree = priced_here(medusa, medusa.tree)
+    return medusa, tokenizer
+
+
+def load_with_drafter(
+    drafter: SequentialDrafter, source: ArtifactSource | None, model, *, dtype, device, tree: TreeSpec, datastore: DatastoreSpec, prepack: bool | None, proposers
+) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
+    """``load()`` for a sequential drafter artifact: the target without heads, proposing with the lookups
+    and the drafter (:mod:`medusa_lite.drafter_proposer`), its trees sized by this machine's row costs.
+
+    ``tree``: None (a policy of up to :data:`DEFAULT_DRAFTER_NODES` drafter nodes priced here), or a
+    :class:`DynamicTree` / ``tree.json`` path whose ``max_nodes`` and ``tokens_per_cost`` it keeps.
+    """
+    keeps_costs = isinstance(tree, DynamicTree)  # a policy given as an object keeps its costs, as for heads
+    if isinstance(tree, (str, os.PathLike)):
+        tree = read_tree_file(tree)
+    elif tree is None and source is not None and find_tree_file(source) is not None:
+        tree = read_tree_file(find_tree_file(source))
+    if tree is not None and not isinstance(tree, DynamicTree):
+        raise TreeError("a sequential drafter grows its own tree each step: pass tree=None or a DynamicTree (the budget and price of its rows)")
+    policy = tree if tree is not None else DynamicTree(1 + DEFAULT_DRAFTER_NODES, UNMEASURED_ROW_COSTS)
+    base, tokenizer = load_target(model, dtype, device)
+    store = resolve_datastore(datastore, source, drafter.config.vocab_size)
+    medusa = MedusaModel(base, None, datastore=store, proposers=proposers if proposers is not None else ()).eval()
+    check_drafter_fits(medusa, drafter)
+    weight = base.get_output_embeddings().weight
+    drafter.to(device=weight.device, dtype=weight.dtype)
+    if proposers is None:
+        costs = policy if keeps_costs else priced_here(medusa, policy)
+        medusa.proposers = (default_lookups(), SequentialDrafterProposer(drafter, max_new_nodes=max(policy.max_nodes - 1, 1), costs=costs))
+    prepack_for_tree(medusa.base_model, Tree(()), prepack, step_rows(medusa.proposers, medusa))
     return medusa, tokenizer
 
 

@@ -86,6 +86,10 @@ class StepContext:
     max_nodes: int  # the most nodes this proposer may add this step (its share of the row budget)
     settings: SamplingSettings  # the target's sampling settings (a sampling proposer's q should use them)
     generator: torch.Generator | None = None
+    # [m, H] the target's final hidden states that produced the last m committed tokens (history[-m:]),
+    # oldest first, since the proposers were last asked: the whole prompt's at the first step (what a
+    # drafter reading the target's features, medusa_lite.drafter_proposer, appends to its own cache).
+    fresh_hidden: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)

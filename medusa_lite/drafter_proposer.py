@@ -1,0 +1,151 @@
+"""The sequential drafter as a proposer: EAGLE-2 draft trees, sized by the cost of verifying rows.
+
+Each step the drafter first takes in the pairs committed since its last step (the target's
+hidden states that produced the newly committed tokens, :attr:`StepContext.fresh_hidden`), then
+grows candidates by its own confidence (:func:`~medusa_lite.drafter_tree.grow_candidates`: each
+depth expands the ``topk`` likeliest frontier nodes, each offering ``topk`` children), ranks them
+by cumulative probability and keeps as many as pay for their rows: with a
+:class:`~medusa_lite.dynamic_tree.DynamicTree`'s measured ``row_costs`` the count that maximises
+expected tokens minus ``tokens_per_cost`` x cost (the dynamic tree's rule, counting the rows the
+proposers before it already use), else its whole budget.
+
+Candidates are deterministic given the committed text, so the acceptance rule for deterministic
+candidates keeps greedy output identical to the target's and sampling exact.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from medusa_lite.drafter import SequentialDrafter
+from medusa_lite.drafter_tree import DrafterCache, RootDraft, best_count_by_cost, commit_pairs, grow_candidates, ranked_nodes
+from medusa_lite.dynamic_tree import DynamicTree
+from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
+from medusa_lite.heads import DraftLMHead
+from medusa_lite.proposers import Candidates, Proposer, StepContext, StepLimits
+
+# Children offered per expanded node, and nodes expanded per depth (EAGLE-2's top_k; it uses 10
+# on a GPU, where rows are nearly free; on a CPU each row costs, so fewer, likelier ones).
+DEFAULT_DRAFTER_TOPK = 4
+# Most nodes the drafter adds per step (before any cost-based cut).
+DEFAULT_DRAFTER_NODES = 12
+DRAFTER_SOURCE = "drafter"
+
+
+def check_drafter_fits(model, drafter: SequentialDrafter) -> None:
+    hidden = model.base_model.get_input_embeddings().weight.shape[1]
+    if drafter.config.hidden_size != hidden or drafter.config.vocab_size != model.vocab_size:
+        raise IncompatibleHeadsError(
+            f"the drafter expects hidden size {drafter.config.hidden_size} and vocab size {drafter.config.vocab_size}, but the model has "
+            f"{hidden} and {model.vocab_size}: it was trained for another model ({drafter.config.base_model_name_or_path!r})"
+        )
+
+
+def candidate_count_limit(topk: int, depth: int) -> int:
+    """The most candidates :func:`grow_candidates` makes: ``topk`` at depth 1, ``topk`` x ``topk`` per further depth."""
+    return topk + max(depth - 1, 0) * topk * topk if depth > 0 else 0
+
+
+@dataclass(frozen=True)
+class SequentialDrafterProposer(Proposer):
+    """Guesses from a :class:`~medusa_lite.drafter.SequentialDrafter` (see the module docstring).
+
+    ``depth`` None: the depth the drafter was trained to draft. ``costs``: the policy whose
+    ``row_costs`` and ``tokens_per_cost`` size each step; None: ``model.tree`` when that is a
+    :class:`DynamicTree` (its tree.json), else every step uses ``max_new_nodes``.
+    ``draft_lm_head``: the target lm_head's rows of the drafter's draft vocabulary, gathered (and
+    packed for few rows) once by ``load``; None: gathered at the start of each generation.
+    """
+
+    drafter: SequentialDrafter
+    topk: int = DEFAULT_DRAFTER_TOPK
+    max_new_nodes: int = DEFAULT_DRAFTER_NODES
+    depth: int | None = None
+    costs: DynamicTree | None = None
+    draft_lm_head: DraftLMHead | None = None
+    name: ClassVar[str] = DRAFTER_SOURCE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.drafter, SequentialDrafter):
+            raise GenerationInputError(f"SequentialDrafterProposer needs a medusa_lite.drafter.SequentialDrafter, got {type(self.drafter).__name__}")
+        for name in ("topk", "max_new_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise GenerationInputError(f"SequentialDrafterProposer.{name} must be an integer >= 1, got {value!r}")
+        if self.depth is not None and (isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0):
+            raise GenerationInputError(f"SequentialDrafterProposer.depth must be None or an integer >= 0, got {self.depth!r}")
+        if self.costs is not None and not isinstance(self.costs, DynamicTree):
+            raise GenerationInputError(f"SequentialDrafterProposer.costs must be a DynamicTree (its row_costs) or None, got {type(self.costs).__name__}")
+
+    def draft_depth(self, max_depth: int | None) -> int:
+        depth = self.drafter.config.depth if self.depth is None else self.depth
+        return depth if max_depth is None else max(min(depth, max_depth), 0)
+
+    def max_nodes(self, limits: StepLimits) -> int:
+        return min(self.max_new_nodes, candidate_count_limit(min(self.topk, self.drafter.config.guess_vocab_size), self.draft_depth(limits.max_depth)))
+
+    def begin(self, model, prompt, limits):
+        check_drafter_fits(model, self.drafter)
+        parameter = model.base_model.get_output_embeddings().weight
+        if next(self.drafter.parameters()).device != parameter.device or next(self.drafter.parameters()).dtype != parameter.dtype:
+            self.drafter.to(device=parameter.device, dtype=parameter.dtype)
+        costs = self.costs if self.costs is not None else (model.tree if isinstance(model.tree, DynamicTree) else None)
+        return DrafterRun(self, model, costs)
+
+    def propose(self, step: StepContext) -> Candidates | None:
+        raise GenerationInputError("SequentialDrafterProposer keeps a cache per generation: generate() calls begin() first")
+
+
+class DrafterRun(Proposer):
+    """One generation's drafter: its KV cache of committed pairs and the last pair's output."""
+
+    name: ClassVar[str] = DRAFTER_SOURCE
+
+    def __init__(self, spec: SequentialDrafterProposer, model, costs: DynamicTree | None):
+        self.spec = spec
+        self.drafter = spec.drafter.eval()
+        self.embed = model.base_model.get_input_embeddings()
+        base_lm_head = model.base_model.get_output_embeddings()
+        ids = self.drafter.draft_token_ids
+        if ids is None:
+            self.lm_head = base_lm_head
+        else:
+            self.lm_head = spec.draft_lm_head if spec.draft_lm_head is not None else DraftLMHead(base_lm_head, ids)
+        self.costs = costs
+        weight = base_lm_head.weight
+        self.cache = DrafterCache.empty(self.drafter, weight.device, weight.dtype)
+        self.root: RootDraft | None = None
+
+    def max_nodes(self, limits: StepLimits) -> int:
+        return self.spec.max_nodes(limits)
+
+    def take_in(self, step: StepContext) -> None:
+        """Append the pairs committed since the last step: (fresh hidden state i, the token it produced)."""
+        fresh = step.fresh_hidden
+        count = fresh.shape[0]
+        expected = step.history.numel() - 1 - self.cache.length
+        if count != expected:
+            raise GenerationInputError(f"the drafter holds {self.cache.length} committed pairs and got {count} fresh hidden states for {expected} new tokens")
+        self.cache, self.root = commit_pairs(self.drafter, self.cache, fresh, step.history[-count:], self.embed, self.lm_head)
+
+    @torch.inference_mode()
+    def propose(self, step: StepContext) -> Candidates | None:
+        self.take_in(step)
+        depth = self.spec.draft_depth(step.max_depth)
+        if depth == 0 or step.max_nodes == 0:
+            return None
+        candidates = grow_candidates(self.drafter, self.cache, self.root, int(step.root), self.embed, self.lm_head, depth, self.spec.topk)
+        ranked = ranked_nodes(candidates)
+        confidences = [math.exp(candidates.scores[node]) for node in ranked]
+        cost = None if self.costs is None else self.costs.cost
+        tokens_per_cost = None if self.costs is None else self.costs.tokens_per_cost
+        count = best_count_by_cost(confidences, step.max_nodes + 1, cost, tokens_per_cost, extra_rows=step.draft.num_nodes - 1)
+        kept = sorted(ranked[:count], key=lambda node: (candidates.depths[node], node))
+        index = {node: i + 1 for i, node in enumerate(kept)}
+        index[0] = 0
+        tokens = torch.tensor([candidates.tokens[node] for node in kept], dtype=torch.long, device=step.root.device)
+        return Candidates(tokens, [index[candidates.parents[node]] for node in kept], source=DRAFTER_SOURCE)

@@ -1,0 +1,49 @@
+"""``load(model, heads=<drafter folder>)``: the kind recorded in config.json picks the drafter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from medusa_lite import DynamicTree, Tree, TreeError, generate, load
+from medusa_lite.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.drafter_proposer import SequentialDrafterProposer
+from tiny_models import plain_greedy, tiny_base_model
+
+POLICY = DynamicTree(7, tuple(1.0 + 0.1 * rows for rows in range(12)), tokens_per_cost=1.0)
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("drafter-artifact")
+    base = tiny_base_model("qwen2", logit_scale=4.0)
+    base.save_pretrained(root / "target")
+    drafter = SequentialDrafter(DrafterConfig.for_model(base, depth=3))
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, parameter in drafter.named_parameters():
+            if "norm" not in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
+    drafter.save_pretrained(root / "drafter")
+    return root / "target", root / "drafter", base
+
+
+def test_load_picks_the_drafter_by_its_kind_and_decodes_exactly(folders):
+    target, drafter_folder, base = folders
+    model, _ = load(target, heads=drafter_folder, tree=POLICY, datastore=False)
+    assert model.heads is None
+    drafters = [p for p in model.proposers if isinstance(p, SequentialDrafterProposer)]
+    assert len(drafters) == 1 and drafters[0].costs is POLICY and drafters[0].max_new_nodes == 6
+    prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(3))
+    out = generate(model, prompt, 30, eos_token_id=[])
+    assert torch.equal(out.sequences, plain_greedy(base, prompt, 30, eos_token_id=None))
+    assert out.stats.verified_rows > len(out.stats.tokens_per_step), "the drafter proposed nodes"
+
+
+def test_load_takes_a_drafter_object_and_refuses_a_static_tree(folders):
+    target, drafter_folder, _ = folders
+    drafter = SequentialDrafter.from_pretrained(drafter_folder)
+    model, _ = load(target, heads=drafter, tree=POLICY, datastore=False)
+    assert any(isinstance(p, SequentialDrafterProposer) and p.drafter is drafter for p in model.proposers)
+    with pytest.raises(TreeError, match="grows its own tree"):
+        load(target, heads=drafter_folder, tree=Tree.from_paths([[0], [0, 0]]))
