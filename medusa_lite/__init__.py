@@ -1,6 +1,7 @@
 """medusa-lite: exact Medusa-style speculative decoding for Hugging Face causal LMs."""
 
 from medusa_lite.datastore import Datastore, DatastoreError
+from medusa_lite.draft_model import DraftModelError, DraftModelProposer
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.errors import (
     AdapterError,
@@ -57,6 +58,8 @@ __all__ = [
     "best_tree",
     "Candidates",
     "DatastoreLookup",
+    "DraftModelError",
+    "DraftModelProposer",
     "FirstOf",
     "MedusaHeadsProposer",
     "PromptLookup",

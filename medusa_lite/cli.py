@@ -28,10 +28,11 @@ import torch
 from transformers import TextStreamer
 
 from medusa_lite.commands.options import EXIT_USAGE_ERROR, prepack_choice, set_threads
+from medusa_lite.draft_model import load_draft_model
+from medusa_lite.dtypes import DTYPE_CHOICES, dtype_name, parse_dtype
 from medusa_lite.errors import MedusaError
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.kernels import kernel_path
-from medusa_lite.dtypes import DTYPE_CHOICES, dtype_name, parse_dtype
 from medusa_lite.loading import load, tree_of
 from medusa_lite.measure import TimedRun, chat_input_ids, plain_generate, timed
 from medusa_lite.sampling import SamplingSettings
@@ -82,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
     parser.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     parser.add_argument("--compare", action="store_true", help="also run plain model.generate and print the speed-up")
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="decode with this draft model (an HF causal LM folder or Hub id sharing the target's tokenizer) instead "
+        "of the heads and lookups: classic speculative decoding",
+    )
     return parser
 
 
@@ -108,6 +115,12 @@ def run(args: argparse.Namespace) -> None:
     model, tokenizer = load(args.model, heads=args.heads, dtype=parse_dtype(args.dtype), tree=args.tree, prepack=prepack_choice(args))
     tree = tree_of(model)
     input_ids = chat_input_ids(tokenizer, args.prompt, raw=args.raw)
+    if args.draft_model:
+        sources = {"proposers": [load_draft_model(args.draft_model, model, tokenizer)]}
+        description = f"draft model {args.draft_model}"
+    else:
+        sources = {"tree": tree, "lookup_tokens": args.lookup_tokens, "datastore_tokens": args.datastore_tokens}
+        description = tree.describe()
 
     def medusa_run(max_new_tokens: int, streamer=None):
         generator = torch.Generator(device=model.device).manual_seed(args.seed)
@@ -118,11 +131,9 @@ def run(args: argparse.Namespace) -> None:
             temperature=settings.temperature,
             top_k=settings.top_k,
             top_p=settings.top_p,
-            tree=tree,
-            lookup_tokens=args.lookup_tokens,
-            datastore_tokens=args.datastore_tokens,
             streamer=streamer,
             generator=generator,
+            **sources,
         )
 
     def plain_run(max_new_tokens: int):
@@ -135,7 +146,7 @@ def run(args: argparse.Namespace) -> None:
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     output, seconds = timed(lambda: medusa_run(args.max_new_tokens, streamer))
     medusa = TimedRun(output.sequences[0, input_ids.shape[1] :], seconds)
-    print(summary_line(medusa, output.stats.mean_accepted_tokens, tree.describe(), dtype_name(model.base_model.dtype)), flush=True)
+    print(summary_line(medusa, output.stats.mean_accepted_tokens, description, dtype_name(model.base_model.dtype)), flush=True)
     if args.compare:
         tokens, seconds = timed(lambda: plain_run(args.max_new_tokens))
         print(compare_line(medusa, TimedRun(tokens, seconds), settings.greedy), flush=True)

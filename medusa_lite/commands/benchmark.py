@@ -61,6 +61,7 @@ import torch
 from tqdm import tqdm
 
 from medusa_lite.commands.options import prepack_choice, set_threads
+from medusa_lite.draft_model import DraftModelProposer, load_draft_model
 from medusa_lite.dtypes import DTYPE_CHOICES, parse_dtype
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.errors import MedusaError
@@ -82,7 +83,7 @@ DEFAULT_QUICK = 26
 PLD_NUM_TOKENS = 10
 WARMUP_TOKENS = 16
 PROGRESS_FILE = "progress.jsonl"  # one line per finished question, written as the run goes
-METHODS = ("plain", "plain_kernel", "pld", "medusa", "static_tree", "no_datastore", "heads")
+METHODS = ("plain", "plain_kernel", "pld", "medusa", "static_tree", "no_datastore", "heads", "draft")
 LABELS = {
     "plain": "plain generate",
     "plain_kernel": "plain generate, row_gemm kernel",
@@ -91,9 +92,10 @@ LABELS = {
     "static_tree": "medusa-lite, static tree",
     "no_datastore": "medusa-lite, no datastore",
     "heads": "medusa-lite, heads only",
+    "draft": "medusa-lite, draft model",
 }
 DEFAULT_METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")  # "static_tree" on request; "plain_kernel" added where it applies
-SHORT = {"plain_kernel": "plain kernel", "pld": "PLD", "medusa": "medusa", "static_tree": "static tree", "no_datastore": "no datastore", "heads": "heads only"}
+SHORT = {"plain_kernel": "plain kernel", "pld": "PLD", "medusa": "medusa", "static_tree": "static tree", "no_datastore": "no datastore", "heads": "heads only", "draft": "draft model"}
 OVERALL = "overall"
 GREEDY = SamplingSettings()
 
@@ -145,6 +147,7 @@ class MedusaSettings:
     lookup_tokens: int
     datastore_tokens: int = DEFAULT_DATASTORE_TOKENS
     static_tree: Tree | None = None  # for "static_tree": the tree file's static paths
+    draft: DraftModelProposer | None = None  # for "draft": the draft model (--draft-model)
 
 
 class CallCounter:
@@ -206,6 +209,13 @@ def run_heads(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
     return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, lookup_tokens=0, datastore_tokens=0)
 
 
+def run_draft(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=[settings.draft]))
+    stats = output.stats
+    new = output.sequences[0, input_ids.shape[1] :].tolist()
+    return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), 0, 0, stats.verified_rows)
+
+
 RUNNERS: dict[str, Callable[..., Result]] = {
     "plain": run_plain,
     "plain_kernel": run_plain_kernel,
@@ -214,6 +224,7 @@ RUNNERS: dict[str, Callable[..., Result]] = {
     "static_tree": run_static_tree,
     "no_datastore": run_no_datastore,
     "heads": run_heads,
+    "draft": run_draft,
 }
 
 
@@ -410,6 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
     parser.add_argument("--kernel", choices=KERNEL_CHOICES, default=None, help=f"set {KERNEL_ENV_VAR} for this run (default: as the environment says, else auto)")
+    parser.add_argument("--draft-model", default=None, help="the 'draft' method's draft model (HF folder or Hub id, the target's tokenizer)")
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
 
@@ -424,6 +436,7 @@ def run_benchmark(
     datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
     on_record: Callable[[dict], None] | None = None,
     static_tree: Tree | None = None,
+    draft: DraftModelProposer | None = None,
 ) -> list[dict]:
     """One record per question (see :func:`question_record`); ``on_record`` gets each as soon as it is measured.
 
@@ -435,7 +448,9 @@ def run_benchmark(
         raise MedusaError("the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an AVX2 or AVX-512 CPU, without --no-prepack, MEDUSA_LITE_KERNEL not off)")
     if "static_tree" in methods and static_tree is None:
         raise MedusaError("the 'static_tree' method needs a tree file with static paths (--tree, or tree.json beside the heads)")
-    settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens, static_tree)
+    if "draft" in methods and draft is None:
+        raise MedusaError("the 'draft' method needs a draft model: --draft-model PATH (an HF causal LM with the target's tokenizer)")
+    settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens, static_tree, draft)
     prompts = [chat_input_ids(tokenizer, question["turns"][0]).to(model.device) for question in questions]
     for method in methods:  # warm-up
         RUNNERS[method](model, prompts[0], WARMUP_TOKENS, settings)
@@ -515,6 +530,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.datastore_tokens,
         on_record=progress,
         static_tree=static_tree,
+        draft=load_draft_model(args.draft_model, model, tokenizer) if "draft" in args.methods and args.draft_model else None,
     )
     summary = summarize(records)
     tree = tree_of(model)
