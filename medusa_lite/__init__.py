@@ -18,6 +18,7 @@ from medusa_lite.errors import (
 from medusa_lite.generate import GenerationOutput, GenerationStats, generate
 from medusa_lite.heads import MedusaConfig, MedusaHeads
 from medusa_lite.loading import load
+from medusa_lite.lookahead import LookaheadProposer
 from medusa_lite.model import MedusaModel
 from medusa_lite.proposers import (
     Candidates,
@@ -27,6 +28,7 @@ from medusa_lite.proposers import (
     PromptLookup,
     Proposer,
     ProposerError,
+    SideRows,
     StepContext,
     StepLimits,
     StepOutcome,
@@ -71,5 +73,7 @@ __all__ = [
     "default_tree",
     "generate",
     "load",
+    "LookaheadProposer",
+    "SideRows",
     "logits_to_probs",
 ]

@@ -14,7 +14,7 @@ rule and its proof are in :mod:`medusa_lite.acceptance` (../shared/DESIGN.md §1
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -44,6 +44,7 @@ from medusa_lite.proposers import (
     TRUSTED_MATCH_TOKENS,
     MedusaHeadsProposer,
     Proposer,
+    SideRows,
     StepContext,
     StepLimits,
     StepOutcome,
@@ -57,7 +58,7 @@ from medusa_lite.proposers import (
 )
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import Tree
-from medusa_lite.verify import keep_accepted_in_cache, verify_tree
+from medusa_lite.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
 
 __all__ = [  # the loop, and names other modules and scripts import from here
     "DEFAULT_DATASTORE_TOKENS",
@@ -202,6 +203,23 @@ def heads_tree(running: Sequence[Proposer]) -> Tree | DynamicTree:
 
 
 # -- verify, accept and commit -----------------------------------------------------------------
+def verify_draft_and_side_rows(
+    model: MedusaModel, cache, draft: DraftTree, sides: Sequence[SideRows | None]
+) -> tuple[TargetOutput, list[torch.Tensor | None]]:
+    """:func:`verify_draft`, with the proposers' side rows (None: none) in the same forward; each one's logits."""
+    present = [side for side in sides if side is not None]
+    if not present:
+        return verify_draft(model, cache, draft), [None] * len(sides)
+    stacked = SideRows(
+        torch.cat([side.tokens for side in present]),
+        torch.cat([side.offsets for side in present]),
+        torch.block_diag(*[side.mask for side in present]),
+    )
+    verified, logits = verify_with_side_rows(model, cache, draft, draft.tokens, stacked)
+    split = iter(logits.split([side.tokens.numel() for side in present]))
+    return verified, [None if side is None else next(split) for side in sides]
+
+
 def verify_draft(model: MedusaModel, cache, draft: DraftTree) -> TargetOutput:
     """The target's logits and hidden states at every draft node; a root-only draft takes a plain
     one-token forward (no tree mask), as cheap as a step of ``model.generate``."""
@@ -335,15 +353,16 @@ def generate(
         step = StepContext(model, history, root, hidden, root_draft(root), room, 0, settings, generator, unseen)
         draft = propose_draft(running, budgets, step) if speculates else step.draft
         unseen = unseen[:0] if speculates else unseen
-        verified = verify_draft(model, cache, draft)
+        sides = [proposer.side_rows(replace(step, draft=draft)) if speculates else None for proposer in running]
+        verified, side_logits = verify_draft_and_side_rows(model, cache, draft, sides)
         stats.target_calls += 1
         path, root = accept(draft, verified.logits, settings, generator)
         keep_accepted_in_cache(cache, prefix_len, path)
         unseen = torch.cat([unseen, verified.hidden[path]])
         hidden = unseen[-1]
         accepted = torch.cat([draft.tokens[path[1:]], root])
-        for proposer in running:
-            proposer.accepted(StepOutcome(draft, path, accepted))
+        for proposer, logits in zip(running, side_logits):
+            proposer.accepted(StepOutcome(draft, path, accepted, side_logits=logits))
         record_step(stats, draft, path)
         if pricing is not None:
             gate = gate_after_step(gate, pricing, speculates, draft, path, room)

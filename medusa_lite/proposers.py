@@ -99,6 +99,19 @@ class StepOutcome:
     draft: DraftTree
     path: torch.Tensor  # [a + 1] node indices, the root first
     tokens: torch.Tensor  # [a + 1] the accepted guesses, then the bonus token (before any EOS cut)
+    side_logits: torch.Tensor | None = None  # [M, V] the target's logits at this proposer's side rows, if it had any
+
+
+@dataclass(frozen=True)
+class SideRows:
+    """Extra rows a proposer has the target run in the verification forward (lookahead decoding's
+    Jacobi window): ``tokens`` [M] at ``offsets`` [M] positions after the root, each attending to the
+    cached text, the root and the side rows ``mask`` [M, M] allows. No draft node attends to them
+    and the cache keeps none of them; their logits come back in :attr:`StepOutcome.side_logits`."""
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    mask: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -150,6 +163,10 @@ class Proposer:
     def propose(self, step: StepContext) -> Candidates | None:
         """This step's guesses, or None."""
         raise NotImplementedError
+
+    def side_rows(self, step: StepContext) -> SideRows | None:
+        """Rows to run beside this step's draft in the same forward (:class:`SideRows`), or None (the default)."""
+        return None
 
     def accepted(self, outcome: StepOutcome) -> None:
         """Called after every verification with what was accepted (roll back a cache, update statistics)."""

@@ -28,6 +28,8 @@ thermal state); one warm-up run of each comes first.
 - ``no_datastore``: the same without the datastore; ``heads``: the heads' tree only (no
   lookups), to show what each source of guesses contributes. ``--methods`` picks a subset
   (``plain`` always runs: it is the reference; so does ``plain_kernel`` where the kernel runs).
+- ``lookahead`` (on request): lookahead decoding alone, :class:`medusa_lite.LookaheadProposer` with
+  its defaults (no heads, no lookups).
 
 Which kernel runs is ``machine.kernel`` in ``results.json`` (``medusa_lite.kernels.kernel_path``);
 ``--kernel off|avx2|avx512|auto`` sets ``MEDUSA_LITE_KERNEL`` for the run (off: PyTorch's own
@@ -69,6 +71,7 @@ from medusa_lite.extras import require_extra
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
 from medusa_lite.loading import find_tree_file, heads_source_for, load, read_tree_file, tree_of
+from medusa_lite.lookahead import LookaheadProposer
 from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, timed
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, packed_from_rows, prepack_backend
@@ -83,7 +86,7 @@ DEFAULT_QUICK = 26
 PLD_NUM_TOKENS = 10
 WARMUP_TOKENS = 16
 PROGRESS_FILE = "progress.jsonl"  # one line per finished question, written as the run goes
-METHODS = ("plain", "plain_kernel", "pld", "medusa", "static_tree", "no_datastore", "heads", "draft")
+METHODS = ("plain", "plain_kernel", "pld", "medusa", "static_tree", "no_datastore", "heads", "draft", "lookahead")
 LABELS = {
     "plain": "plain generate",
     "plain_kernel": "plain generate, row_gemm kernel",
@@ -93,9 +96,11 @@ LABELS = {
     "no_datastore": "medusa-lite, no datastore",
     "heads": "medusa-lite, heads only",
     "draft": "medusa-lite, draft model",
+    "lookahead": "lookahead decoding (LookaheadProposer, defaults)",
 }
 DEFAULT_METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")  # "static_tree" on request; "plain_kernel" added where it applies
 SHORT = {"plain_kernel": "plain kernel", "pld": "PLD", "medusa": "medusa", "static_tree": "static tree", "no_datastore": "no datastore", "heads": "heads only", "draft": "draft model"}
+SHORT["lookahead"] = "lookahead"
 OVERALL = "overall"
 GREEDY = SamplingSettings()
 
@@ -216,6 +221,15 @@ def run_draft(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
     return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), 0, 0, stats.verified_rows)
 
 
+def run_lookahead(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:  # noqa: E501
+    """Lookahead decoding alone (:class:`medusa_lite.LookaheadProposer` with its defaults), no heads, no lookups."""
+    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=[LookaheadProposer()]))
+    stats = output.stats
+    new = output.sequences[0, input_ids.shape[1] :].tolist()
+    accepted_at_depth = list(stats.accepted_at_depth)
+    return Result(new, seconds, stats.target_calls, stats.steps, accepted_at_depth, verified_rows=stats.verified_rows)
+
+
 RUNNERS: dict[str, Callable[..., Result]] = {
     "plain": run_plain,
     "plain_kernel": run_plain_kernel,
@@ -225,6 +239,7 @@ RUNNERS: dict[str, Callable[..., Result]] = {
     "no_datastore": run_no_datastore,
     "heads": run_heads,
     "draft": run_draft,
+    "lookahead": run_lookahead,
 }
 
 
