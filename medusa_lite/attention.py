@@ -26,7 +26,9 @@ from transformers.masking_utils import sdpa_mask
 TREE_SDPA = "medusa_lite_sdpa"
 
 
-def runs_gqa_inside_sdpa(module: torch.nn.Module, query: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict) -> bool:
+def runs_gqa_inside_sdpa(
+    module: torch.nn.Module, query: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict
+) -> bool:
     """Whether this call is a masked grouped-query attention on a CPU that SDPA can take as it is."""
     return (
         attention_mask is not None
@@ -50,8 +52,12 @@ def tree_sdpa_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """transformers' ``sdpa_attention_forward``, except masked grouped-query attention on a CPU (``enable_gqa``)."""
     if not runs_gqa_inside_sdpa(module, query, attention_mask, kwargs):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-    output = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    output = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
     return output.transpose(1, 2).contiguous(), None
 
 

@@ -31,7 +31,10 @@ class ReservedLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.device = key_states.device
-        self.key_buffer, self.value_buffer = empty_buffer(key_states, self.capacity), empty_buffer(value_states, self.capacity)
+        self.key_buffer, self.value_buffer = (
+            empty_buffer(key_states, self.capacity),
+            empty_buffer(value_states, self.capacity),
+        )
         self.keys, self.values = self.key_buffer[..., :0, :], self.value_buffer[..., :0, :]
         self.is_initialized = True
 
@@ -44,7 +47,9 @@ class ReservedLayer(DynamicLayer):
         value_buffer[..., :length, :] = self.values
         self.key_buffer, self.value_buffer = key_buffer, value_buffer
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         start = self.keys.shape[-2]

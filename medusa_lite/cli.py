@@ -63,10 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message (default: a demo question)")
     parser.add_argument("--model", default=None, help="HF model folder or Hub id (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--heads", default=None, help="Medusa heads folder or Hub repo (default: the shipped heads)")
-    parser.add_argument("--tree", default=None, help="tree.json to decode with (default: tree.json beside the heads, else derived)")
+    parser.add_argument(
+        "--tree", default=None, help="tree.json to decode with (default: tree.json beside the heads, else derived)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument(
-        "--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS, help=f"prompt-lookup guesses added to the tree per step (0 = heads only; default {DEFAULT_LOOKUP_TOKENS})"
+        "--lookup-tokens",
+        type=int,
+        default=DEFAULT_LOOKUP_TOKENS,
+        help=f"prompt-lookup guesses added to the tree per step (0 = heads only; default {DEFAULT_LOOKUP_TOKENS})",
     )
     parser.add_argument(
         "--datastore-tokens",
@@ -78,9 +83,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: fp32 on CPU (faster there, and exact), bf16 on GPU")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPE_CHOICES,
+        default="auto",
+        help="auto: fp32 on CPU (faster there, and exact), bf16 on GPU",
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
+    parser.add_argument(
+        "--no-prepack",
+        action="store_true",
+        help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)",
+    )
     parser.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     parser.add_argument("--compare", action="store_true", help="also run plain model.generate and print the speed-up")
     parser.add_argument(
@@ -112,7 +126,9 @@ def compare_line(medusa: TimedRun, plain: TimedRun, greedy: bool) -> str:
 def run(args: argparse.Namespace) -> None:
     set_threads(args.threads)
     settings = SamplingSettings(args.temperature, args.top_k, args.top_p)
-    model, tokenizer = load(args.model, heads=args.heads, dtype=parse_dtype(args.dtype), tree=args.tree, prepack=prepack_choice(args))
+    model, tokenizer = load(
+        args.model, heads=args.heads, dtype=parse_dtype(args.dtype), tree=args.tree, prepack=prepack_choice(args)
+    )
     tree = tree_of(model)
     input_ids = chat_input_ids(tokenizer, args.prompt, raw=args.raw)
     if args.draft_model:
@@ -146,7 +162,10 @@ def run(args: argparse.Namespace) -> None:
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
     output, seconds = timed(lambda: medusa_run(args.max_new_tokens, streamer))
     medusa = TimedRun(output.sequences[0, input_ids.shape[1] :], seconds)
-    print(summary_line(medusa, output.stats.mean_accepted_tokens, description, dtype_name(model.base_model.dtype)), flush=True)
+    print(
+        summary_line(medusa, output.stats.mean_accepted_tokens, description, dtype_name(model.base_model.dtype)),
+        flush=True,
+    )
     if args.compare:
         tokens, seconds = timed(lambda: plain_run(args.max_new_tokens))
         print(compare_line(medusa, TimedRun(tokens, seconds), settings.greedy), flush=True)

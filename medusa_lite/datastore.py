@@ -79,7 +79,13 @@ class Datastore:
         return self.tokens.numel() - self.num_documents
 
     @classmethod
-    def from_documents(cls, documents: Iterable[torch.Tensor], vocab_size: int, max_ngram: int = DATASTORE_MAX_NGRAM, min_ngram: int = DATASTORE_MIN_NGRAM) -> "Datastore":
+    def from_documents(
+        cls,
+        documents: Iterable[torch.Tensor],
+        vocab_size: int,
+        max_ngram: int = DATASTORE_MAX_NGRAM,
+        min_ngram: int = DATASTORE_MIN_NGRAM,
+    ) -> Datastore:
         """A datastore of ``documents`` (1-D token id tensors, e.g. the assistant tokens of each training answer)."""
         parts = []
         for document in documents:
@@ -89,22 +95,34 @@ class Datastore:
         return cls.from_tokens(torch.cat(parts), vocab_size, max_ngram, min_ngram)
 
     @classmethod
-    def from_tokens(cls, tokens: torch.Tensor, vocab_size: int, max_ngram: int = DATASTORE_MAX_NGRAM, min_ngram: int = DATASTORE_MIN_NGRAM) -> "Datastore":
+    def from_tokens(
+        cls,
+        tokens: torch.Tensor,
+        vocab_size: int,
+        max_ngram: int = DATASTORE_MAX_NGRAM,
+        min_ngram: int = DATASTORE_MIN_NGRAM,
+    ) -> Datastore:
         check_tokens(tokens, vocab_size)
         max_ngram = min(max_ngram, max_packed_ngram(vocab_size))
         if not 1 <= min_ngram <= max_ngram:
-            raise DatastoreError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram} (vocabulary of {vocab_size} ids)")
+            raise DatastoreError(
+                f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram} (vocabulary of {vocab_size} ids)"
+            )
         indexes = tuple(ngram_index(tokens, n, vocab_size) for n in range(max_ngram, min_ngram - 1, -1))
         return cls(tokens=tokens, vocab_size=vocab_size, indexes=indexes)
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
-        metadata = {"format": DATASTORE_FORMAT, "vocab_size": str(self.vocab_size), "documents": str(self.num_documents)}
+        metadata = {
+            "format": DATASTORE_FORMAT,
+            "vocab_size": str(self.vocab_size),
+            "documents": str(self.num_documents),
+        }
         save_file({TOKENS_KEY: self.tokens.to(torch.int32).contiguous()}, str(path), metadata=metadata)
         return path
 
     @classmethod
-    def load(cls, path: str | os.PathLike, vocab_size: int | None = None) -> "Datastore":
+    def load(cls, path: str | os.PathLike, vocab_size: int | None = None) -> Datastore:
         """Read a saved datastore; ``vocab_size``: the model's, checked against the file's."""
         path = Path(path)
         if path.is_dir():
@@ -129,7 +147,9 @@ class Datastore:
     def check_fits(self, vocab_size: int) -> None:
         """Raise unless the datastore was built for a model with ``vocab_size`` ids."""
         if self.vocab_size != vocab_size:
-            raise DatastoreError(f"the datastore was built for a vocabulary of {self.vocab_size} ids, the model has {vocab_size}: build one for this model (medusa-lite build-datastore)")
+            raise DatastoreError(
+                f"the datastore was built for a vocabulary of {self.vocab_size} ids, the model has {vocab_size}: build one for this model (medusa-lite build-datastore)"
+            )
 
 
 def largest_vocabulary() -> int:
@@ -197,7 +217,9 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int) -> None:
     if tokens.dim() != 1 or tokens.dtype != torch.long:
         raise DatastoreError(f"datastore tokens must be a 1-D int64 tensor, got {tuple(tokens.shape)} {tokens.dtype}")
     if tokens.numel() and (int(tokens.min()) < SEPARATOR or int(tokens.max()) >= vocab_size):
-        raise DatastoreError(f"datastore holds ids outside [0, {vocab_size}) (separator {SEPARATOR}): min {int(tokens.min())}, max {int(tokens.max())}")
+        raise DatastoreError(
+            f"datastore holds ids outside [0, {vocab_size}) (separator {SEPARATOR}): min {int(tokens.min())}, max {int(tokens.max())}"
+        )
 
 
 def pack(ngrams: torch.Tensor, bits: int) -> torch.Tensor:
@@ -228,7 +250,9 @@ def occurrences(index: NgramIndex, last: torch.Tensor, vocab_size: int) -> torch
     return index.follows[low:high]
 
 
-def datastore_continuation(datastore: Datastore, history: torch.Tensor, max_tokens: int, min_share: float = DATASTORE_MIN_SHARE) -> torch.Tensor:
+def datastore_continuation(
+    datastore: Datastore, history: torch.Tensor, max_tokens: int, min_share: float = DATASTORE_MIN_SHARE
+) -> torch.Tensor:
     """Up to ``max_tokens`` ids the datastore votes for after ``history``; empty when nothing matches."""
     empty = history[:0]
     if max_tokens <= 0:

@@ -94,9 +94,7 @@ def to_plain_checkpoint(gguf_model: PreTrainedModel, dtype: torch.dtype) -> PreT
     return model.eval()
 
 
-def write_checkpoint_atomically(
-    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path
-) -> None:
+def write_checkpoint_atomically(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, target: Path) -> None:
     """Save model + tokenizer to a temporary sibling folder, then rename it to ``target``.
 
     A conversion killed half-way leaves only a ``.converting-*`` folder, never a partial

@@ -89,7 +89,14 @@ class DrafterConfig:
     training_summary: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "depth"):
+        for name in (
+            "hidden_size",
+            "vocab_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "intermediate_size",
+            "depth",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"DrafterConfig.{name} must be a positive integer, got {value!r}")
@@ -101,8 +108,12 @@ class DrafterConfig:
                 f"itself a multiple of num_key_value_heads {self.num_key_value_heads}"
             )
         draft = self.draft_vocab_size
-        if draft is not None and (not isinstance(draft, int) or isinstance(draft, bool) or not 1 <= draft <= self.vocab_size):
-            raise ValueError(f"DrafterConfig.draft_vocab_size must be None or an integer in [1, vocab_size = {self.vocab_size}], got {draft!r}")
+        if draft is not None and (
+            not isinstance(draft, int) or isinstance(draft, bool) or not 1 <= draft <= self.vocab_size
+        ):
+            raise ValueError(
+                f"DrafterConfig.draft_vocab_size must be None or an integer in [1, vocab_size = {self.vocab_size}], got {draft!r}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -113,9 +124,13 @@ class DrafterConfig:
         return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
 
     @classmethod
-    def for_model(cls, base_model, **overrides) -> "DrafterConfig":
+    def for_model(cls, base_model, **overrides) -> DrafterConfig:
         """A config sized like ``base_model``'s decoder layers (attention heads, MLP width, rotary base)."""
-        config = base_model.config.get_text_config(decoder=True) if hasattr(base_model.config, "get_text_config") else base_model.config
+        config = (
+            base_model.config.get_text_config(decoder=True)
+            if hasattr(base_model.config, "get_text_config")
+            else base_model.config
+        )
         rope = getattr(config, "rope_parameters", None) or {}
         values = dict(
             hidden_size=config.hidden_size,
@@ -130,7 +145,7 @@ class DrafterConfig:
         return cls(**{**values, **overrides})
 
     @classmethod
-    def from_dict(cls, values: dict) -> "DrafterConfig":
+    def from_dict(cls, values: dict) -> DrafterConfig:
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -138,7 +153,9 @@ class DrafterConfig:
         return cls(**values)
 
 
-def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) [..., head_dim] of rotary embeddings at ``positions`` (Llama's half-split layout)."""
     inverse = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
     angles = positions.float()[..., None] * inverse
@@ -174,7 +191,12 @@ class SequentialDrafter(
     def __init__(self, config: DrafterConfig):
         super().__init__()
         self.config = config
-        hidden, heads, kv_heads, dim = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
+        hidden, heads, kv_heads, dim = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
         eps = config.rms_norm_eps
         self.feature_norm = nn.RMSNorm(hidden, eps=eps)
         self.token_norm = nn.RMSNorm(hidden, eps=eps)
@@ -195,7 +217,9 @@ class SequentialDrafter(
     # -- the layer ---------------------------------------------------------------------------
     def fused_input(self, features: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
         """(feature, token embedding) pairs [..., n, H] each -> the layer's input [..., n, H]."""
-        return self.fuse(torch.cat([self.feature_norm(features), self.token_norm(token_embeds.to(features.dtype))], dim=-1))
+        return self.fuse(
+            torch.cat([self.feature_norm(features), self.token_norm(token_embeds.to(features.dtype))], dim=-1)
+        )
 
     def split_heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         return x.unflatten(-1, (heads, self.config.head_dim)).transpose(-3, -2)  # [..., heads, n, dim]
@@ -234,7 +258,9 @@ class SequentialDrafter(
         normed = self.output_norm(features)
         if isinstance(base_lm_head, DraftLMHead):
             if self.draft_token_ids is None or base_lm_head.weight.shape[0] != self.config.draft_vocab_size:
-                raise DraftVocabError(f"a DraftLMHead of {base_lm_head.weight.shape[0]} rows does not fit a drafter whose draft vocabulary size is {self.config.draft_vocab_size}")
+                raise DraftVocabError(
+                    f"a DraftLMHead of {base_lm_head.weight.shape[0]} rows does not fit a drafter whose draft vocabulary size is {self.config.draft_vocab_size}"
+                )
             return base_lm_head(normed.to(base_lm_head.weight.dtype))
         if self.draft_token_ids is not None:
             weight, bias = draft_rows(base_lm_head, self.draft_token_ids)
@@ -263,11 +289,17 @@ class SequentialDrafter(
 
         summary = self.config.training_summary
         lines = [
-            "---", "library_name: medusa-lite", "tags: [medusa-lite, speculative-decoding, eagle]", "---",
-            f"# Sequential drafter for {self.config.base_model_name_or_path or 'its base model'}", "",
+            "---",
+            "library_name: medusa-lite",
+            "tags: [medusa-lite, speculative-decoding, eagle]",
+            "---",
+            f"# Sequential drafter for {self.config.base_model_name_or_path or 'its base model'}",
+            "",
             "A medusa-lite sequential drafter (EAGLE-style: one decoder layer over [target feature, token embedding], "
-            "drafting depth d from its own depth d-1). Load with `medusa_lite.load(model, heads=<this repo>)`.", "",
-            f"- depth trained: {self.config.depth}", f"- draft vocabulary: {self.config.draft_vocab_size or 'full'}",
+            "drafting depth d from its own depth d-1). Load with `medusa_lite.load(model, heads=<this repo>)`.",
+            "",
+            f"- depth trained: {self.config.depth}",
+            f"- draft vocabulary: {self.config.draft_vocab_size or 'full'}",
         ]
         for key in ("top1_accuracy", "chain_top1_accuracy", "data_records", "steps"):
             if key in summary:
@@ -276,7 +308,17 @@ class SequentialDrafter(
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *, revision=None, cache_dir=None, token=None, local_files_only=False, map_location="cpu", **unused) -> "SequentialDrafter":
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path,
+        *,
+        revision=None,
+        cache_dir=None,
+        token=None,
+        local_files_only=False,
+        map_location="cpu",
+        **unused,
+    ) -> SequentialDrafter:
         """Load a drafter from a local folder or a Hub repo, strictly, with errors that name the file."""
         if unused:
             raise TypeError(f"SequentialDrafter.from_pretrained got unexpected arguments {sorted(unused)}")
@@ -291,7 +333,7 @@ class SequentialDrafter(
         return cls.from_source(source, map_location=map_location)
 
     @classmethod
-    def from_source(cls, source, *, map_location: str | torch.device = "cpu") -> "SequentialDrafter":
+    def from_source(cls, source, *, map_location: str | torch.device = "cpu") -> SequentialDrafter:
         """Load a drafter from a resolved :class:`~medusa_lite.resolve.ArtifactSource` (strictly)."""
         drafter = cls(read_drafter_config(heads_file(source, CONFIG_NAME)))
         drafter.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
@@ -308,7 +350,9 @@ class SequentialDrafter(
         if token_ids is not None and self.draft_token_ids is not None:
             problem = draft_ids_problem(token_ids, self.config.vocab_size)
             if problem is not None:
-                raise HeadsFileError(f"drafter weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for another vocabulary")
+                raise HeadsFileError(
+                    f"drafter weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for another vocabulary"
+                )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
@@ -347,7 +391,15 @@ def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, enable_gqa=q.shape[-3] != keys.shape[-3])
 
 
-def causal_plus_own_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, earlier_k: list[torch.Tensor], earlier_v: list[torch.Tensor], true_k: torch.Tensor, true_v: torch.Tensor) -> torch.Tensor:
+def causal_plus_own_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    earlier_k: list[torch.Tensor],
+    earlier_v: list[torch.Tensor],
+    true_k: torch.Tensor,
+    true_v: torch.Tensor,
+) -> torch.Tensor:
     """Training-time attention of depth d's rows: causal over the true pairs, plus their own position's earlier depths.
 
     q [B, heads, T, dim]; k, v and each of ``earlier_*`` (depths 2..d-1) and ``true_*`` (depth 1)

@@ -22,7 +22,14 @@ from typing import ClassVar
 import torch
 
 from medusa_lite.drafter import SequentialDrafter
-from medusa_lite.drafter_tree import DrafterCache, RootDraft, best_count_by_cost, commit_pairs, grow_candidates, ranked_nodes
+from medusa_lite.drafter_tree import (
+    DrafterCache,
+    RootDraft,
+    best_count_by_cost,
+    commit_pairs,
+    grow_candidates,
+    ranked_nodes,
+)
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
 from medusa_lite.heads import DraftLMHead
@@ -71,33 +78,51 @@ class SequentialDrafterProposer(Proposer):
 
     def __post_init__(self) -> None:
         if not isinstance(self.drafter, SequentialDrafter):
-            raise GenerationInputError(f"SequentialDrafterProposer needs a medusa_lite.drafter.SequentialDrafter, got {type(self.drafter).__name__}")
+            raise GenerationInputError(
+                f"SequentialDrafterProposer needs a medusa_lite.drafter.SequentialDrafter, got {type(self.drafter).__name__}"
+            )
         for name in ("topk", "max_new_nodes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise GenerationInputError(f"SequentialDrafterProposer.{name} must be an integer >= 1, got {value!r}")
-        if self.depth is not None and (isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0):
-            raise GenerationInputError(f"SequentialDrafterProposer.depth must be None or an integer >= 0, got {self.depth!r}")
+        if self.depth is not None and (
+            isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0
+        ):
+            raise GenerationInputError(
+                f"SequentialDrafterProposer.depth must be None or an integer >= 0, got {self.depth!r}"
+            )
         if self.costs is not None and not isinstance(self.costs, DynamicTree):
-            raise GenerationInputError(f"SequentialDrafterProposer.costs must be a DynamicTree (its row_costs) or None, got {type(self.costs).__name__}")
+            raise GenerationInputError(
+                f"SequentialDrafterProposer.costs must be a DynamicTree (its row_costs) or None, got {type(self.costs).__name__}"
+            )
 
     def draft_depth(self, max_depth: int | None) -> int:
         depth = self.drafter.config.depth if self.depth is None else self.depth
         return depth if max_depth is None else max(min(depth, max_depth), 0)
 
     def max_nodes(self, limits: StepLimits) -> int:
-        return min(self.max_new_nodes, candidate_count_limit(min(self.topk, self.drafter.config.guess_vocab_size), self.draft_depth(limits.max_depth)))
+        return min(
+            self.max_new_nodes,
+            candidate_count_limit(
+                min(self.topk, self.drafter.config.guess_vocab_size), self.draft_depth(limits.max_depth)
+            ),
+        )
 
     def begin(self, model, prompt, limits):
         check_drafter_fits(model, self.drafter)
         parameter = model.base_model.get_output_embeddings().weight
-        if next(self.drafter.parameters()).device != parameter.device or next(self.drafter.parameters()).dtype != parameter.dtype:
+        if (
+            next(self.drafter.parameters()).device != parameter.device
+            or next(self.drafter.parameters()).dtype != parameter.dtype
+        ):
             self.drafter.to(device=parameter.device, dtype=parameter.dtype)
         costs = self.costs if self.costs is not None else (model.tree if isinstance(model.tree, DynamicTree) else None)
         return DrafterRun(self, model, costs)
 
     def propose(self, step: StepContext) -> Candidates | None:
-        raise GenerationInputError("SequentialDrafterProposer keeps a cache per generation: generate() calls begin() first")
+        raise GenerationInputError(
+            "SequentialDrafterProposer keeps a cache per generation: generate() calls begin() first"
+        )
 
 
 class DrafterRun(Proposer):
@@ -129,8 +154,12 @@ class DrafterRun(Proposer):
         count = fresh.shape[0]
         expected = step.history.numel() - 1 - self.cache.length
         if count != expected:
-            raise GenerationInputError(f"the drafter holds {self.cache.length} committed pairs and got {count} fresh hidden states for {expected} new tokens")
-        self.cache, self.root = commit_pairs(self.drafter, self.cache, fresh, step.history[-count:], self.embed, self.lm_head)
+            raise GenerationInputError(
+                f"the drafter holds {self.cache.length} committed pairs and got {count} fresh hidden states for {expected} new tokens"
+            )
+        self.cache, self.root = commit_pairs(
+            self.drafter, self.cache, fresh, step.history[-count:], self.embed, self.lm_head
+        )
 
     @torch.inference_mode()
     def propose(self, step: StepContext) -> Candidates | None:
@@ -138,12 +167,16 @@ class DrafterRun(Proposer):
         depth = self.spec.draft_depth(step.max_depth)
         if depth == 0 or step.max_nodes == 0:
             return None
-        candidates = grow_candidates(self.drafter, self.cache, self.root, int(step.root), self.embed, self.lm_head, depth, self.spec.topk)
+        candidates = grow_candidates(
+            self.drafter, self.cache, self.root, int(step.root), self.embed, self.lm_head, depth, self.spec.topk
+        )
         ranked = ranked_nodes(candidates)
         confidences = [math.exp(candidates.scores[node]) for node in ranked]
         cost = None if self.costs is None else self.costs.cost
         tokens_per_cost = None if self.costs is None else self.costs.tokens_per_cost
-        count = best_count_by_cost(confidences, step.max_nodes + 1, cost, tokens_per_cost, extra_rows=step.draft.num_nodes - 1)
+        count = best_count_by_cost(
+            confidences, step.max_nodes + 1, cost, tokens_per_cost, extra_rows=step.draft.num_nodes - 1
+        )
         kept = sorted(ranked[:count], key=lambda node: (candidates.depths[node], node))
         index = {node: i + 1 for i, node in enumerate(kept)}
         index[0] = 0

@@ -37,7 +37,7 @@ class DrafterCache:
     values: torch.Tensor
 
     @classmethod
-    def empty(cls, drafter: SequentialDrafter, device: torch.device, dtype: torch.dtype) -> "DrafterCache":
+    def empty(cls, drafter: SequentialDrafter, device: torch.device, dtype: torch.dtype) -> DrafterCache:
         shape = (drafter.config.num_key_value_heads, 0, drafter.config.head_dim)
         return cls(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
 
@@ -55,7 +55,12 @@ class RootDraft:
 
 
 def commit_pairs(
-    drafter: SequentialDrafter, cache: DrafterCache, features: torch.Tensor, tokens: torch.Tensor, embed: nn.Module, lm_head: nn.Module
+    drafter: SequentialDrafter,
+    cache: DrafterCache,
+    features: torch.Tensor,
+    tokens: torch.Tensor,
+    embed: nn.Module,
+    lm_head: nn.Module,
 ) -> tuple[DrafterCache, RootDraft]:
     """Append pairs (features [n, H] of the target, the tokens [n] that followed them) to the cache.
 
@@ -121,13 +126,23 @@ def expand_nodes(
 
 
 def grow_candidates(
-    drafter: SequentialDrafter, cache: DrafterCache, root: RootDraft, root_token: int, embed: nn.Module, lm_head: nn.Module, depth: int, topk: int
+    drafter: SequentialDrafter,
+    cache: DrafterCache,
+    root: RootDraft,
+    root_token: int,
+    embed: nn.Module,
+    lm_head: nn.Module,
+    depth: int,
+    topk: int,
 ) -> Candidates:
     """Candidates to ``depth`` (EAGLE-2): each depth expands the ``topk`` best frontier nodes, each offering its top-``topk`` children."""
     candidates = Candidates([root_token], [0], [0], [0.0])
     k = min(topk, root.logits.shape[-1])
     first = torch.log_softmax(root.logits, dim=-1).topk(k)
-    frontier = [candidates.add(int(t), 0, float(s)) for t, s in zip(drafter.guess_ids(first.indices).tolist(), first.values.tolist())]
+    frontier = [
+        candidates.add(int(t), 0, float(s))
+        for t, s in zip(drafter.guess_ids(first.indices).tolist(), first.values.tolist())
+    ]
     parent_feature = {node: root.feature for node in frontier}  # the feature a node's expansion reads
     slot: dict[int, int] = {}  # expanded node -> its row among this step's draft keys
     draft_keys, draft_values = cache.keys[..., :0, :], cache.values[..., :0, :]
@@ -142,10 +157,15 @@ def grow_candidates(
             ancestor_slots.append(ancestors)
         tokens = torch.tensor([candidates.tokens[node] for node in frontier], device=device)
         features = torch.stack([parent_feature[node] for node in frontier])
-        step = expand_nodes(drafter, cache, draft_keys, draft_values, features, embed(tokens), cache.length - 1 + level, ancestor_slots)
+        step = expand_nodes(
+            drafter, cache, draft_keys, draft_values, features, embed(tokens), cache.length - 1 + level, ancestor_slots
+        )
         for row, node in enumerate(frontier):
             slot[node] = draft_keys.shape[-2] + row
-        draft_keys, draft_values = torch.cat([draft_keys, step.keys], dim=-2), torch.cat([draft_values, step.values], dim=-2)
+        draft_keys, draft_values = (
+            torch.cat([draft_keys, step.keys], dim=-2),
+            torch.cat([draft_values, step.values], dim=-2),
+        )
         children = torch.log_softmax(drafter.project(step.features, lm_head).float(), dim=-1).topk(k)  # [m, k]
         totals = children.values + torch.tensor([candidates.scores[node] for node in frontier], device=device)[:, None]
         child_tokens = drafter.guess_ids(children.indices).tolist()
@@ -164,7 +184,13 @@ def ranked_nodes(candidates: Candidates) -> list[int]:
     return sorted(range(1, len(candidates.tokens)), key=lambda node: (-candidates.scores[node], node))
 
 
-def best_count_by_cost(confidences: list[float], max_nodes: int, cost: Callable[[int], float] | None, tokens_per_cost: float, extra_rows: int = 0) -> int:
+def best_count_by_cost(
+    confidences: list[float],
+    max_nodes: int,
+    cost: Callable[[int], float] | None,
+    tokens_per_cost: float,
+    extra_rows: int = 0,
+) -> int:
     """How many of the ranked nodes to verify: ``max_nodes - 1`` without a cost, else the count maximising
     expected tokens (1 + the kept confidences) minus ``tokens_per_cost`` x cost(rows), as the dynamic tree does."""
     limit = min(max_nodes - 1, len(confidences))

@@ -235,6 +235,8 @@ def gate_after_step(gate: SpeculationGate, pricing: DynamicTree, speculated: boo
         return gate.after_plain_step()
     asked_heads = pricing.pruned(room).depth > 0 and pricing.max_nodes > 1
     return gate.after_speculative_step(path.numel(), pricing.step_cost(draft.num_nodes, asked_heads))
+
+
 def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """Tokens up to and including the first EOS, and whether one was found."""
     if eos.numel() == 0:

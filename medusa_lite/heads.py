@@ -109,19 +109,23 @@ class MedusaConfig:
         return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
 
     @classmethod
-    def from_dict(cls, values: dict) -> "MedusaConfig":
+    def from_dict(cls, values: dict) -> MedusaConfig:
         """Build a config from a dict, rejecting keys it does not know (typos are errors)."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise HeadsFileError(f"unknown key(s) in Medusa heads config: {unknown}; known keys: {sorted(known)}")
-        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name in ("num_heads", "hidden_size", "vocab_size") and f.name not in values)
+        missing = sorted(
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.name in ("num_heads", "hidden_size", "vocab_size") and f.name not in values
+        )
         if missing:
             raise HeadsFileError(f"Medusa heads config lacks required key(s) {missing}")
         return cls(**values)
 
 
-def config_integer(config: "MedusaConfig", name: str, minimum: int, maximum: int | None = None, none: str = "") -> int:
+def config_integer(config: MedusaConfig, name: str, minimum: int, maximum: int | None = None, none: str = "") -> int:
     """``config.<name>`` as a Python int in [minimum, maximum]; numpy and 0-d tensor integers too, booleans never."""
     value = getattr(config, name)
     number = as_integer(value)
@@ -201,7 +205,9 @@ class MedusaHead(nn.Module):
     def __init__(self, config: MedusaConfig):
         super().__init__()
         self.blocks = nn.Sequential(*(ResBlock(config.hidden_size) for _ in range(config.num_layers)))
-        self.lm_head = None if config.use_base_lm_head else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = (
+            None if config.use_base_lm_head else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.blocks(hidden)
@@ -271,7 +277,9 @@ class DraftLMHead(nn.Module):
         self.packed_from, self.packed_rows = weight_signature(self.weight), rows
 
     def packed_path_applies(self, hidden: torch.Tensor) -> bool:
-        return self.packed_weight is not None and packed_copy_applies(self.weight, self.packed_from, hidden, 1, self.packed_rows)
+        return self.packed_weight is not None and packed_copy_applies(
+            self.weight, self.packed_from, hidden, 1, self.packed_rows
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.packed_path_applies(hidden):
@@ -306,7 +314,9 @@ class MedusaHeads(
     def set_draft_vocab(self, token_ids: torch.Tensor | list[int]) -> None:
         """Set the D token ids the heads guess among (D = ``config.draft_vocab_size``)."""
         if self.draft_token_ids is None:
-            raise DraftVocabError("these heads have no draft vocabulary (config.draft_vocab_size is None); build them with draft_vocab_size set")
+            raise DraftVocabError(
+                "these heads have no draft vocabulary (config.draft_vocab_size is None); build them with draft_vocab_size set"
+            )
         token_ids = torch.as_tensor(token_ids)
         problem = draft_ids_problem(token_ids, self.config.vocab_size)
         if problem is None and token_ids.numel() != self.config.draft_vocab_size:
@@ -316,7 +326,9 @@ class MedusaHeads(
         with torch.no_grad():
             self.draft_token_ids.copy_(token_ids.to(self.draft_token_ids.device))
 
-    def forward(self, hidden: torch.Tensor, num_heads: int | None = None, next_token_embeds: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, num_heads: int | None = None, next_token_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Hidden states [..., H] -> the first ``num_heads`` (default all) heads' hidden states [..., k, H].
 
         ``next_token_embeds`` [..., H]: the base model's input embeddings of the token following
@@ -327,7 +339,9 @@ class MedusaHeads(
                 raise ValueError("these heads read the next token (config.next_token_input): pass next_token_embeds")
             hidden = self.next_token_fuse(torch.cat([hidden, next_token_embeds.to(hidden.dtype)], dim=-1))
         elif next_token_embeds is not None:
-            raise ValueError("next_token_embeds given to heads that do not read the next token (config.next_token_input is false)")
+            raise ValueError(
+                "next_token_embeds given to heads that do not read the next token (config.next_token_input is false)"
+            )
         return torch.stack([head(hidden) for head in self.heads[:num_heads]], dim=-2)
 
     def project(self, head_hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
@@ -351,7 +365,9 @@ class MedusaHeads(
             return F.linear(head_hidden, *draft_rows(base_lm_head, self.draft_token_ids))
         if self.config.use_base_lm_head:
             return base_lm_head(head_hidden)
-        return torch.stack([self.heads[k].lm_head(head_hidden[..., k, :]) for k in range(head_hidden.shape[-2])], dim=-2)
+        return torch.stack(
+            [self.heads[k].lm_head(head_hidden[..., k, :]) for k in range(head_hidden.shape[-2])], dim=-2
+        )
 
     def init_lm_heads_from(self, base_lm_head: nn.Module) -> None:
         """Copy the base model's output projection into each head's own lm_head (if any)."""
@@ -377,7 +393,7 @@ class MedusaHeads(
         local_files_only: bool = False,
         map_location: str | torch.device = "cpu",
         **unused,
-    ) -> "MedusaHeads":
+    ) -> MedusaHeads:
         """Load heads from a local folder or a Hub repo, strictly, with errors that name the file.
 
         A path that does not exist, or a repo that cannot be had, raises
@@ -396,7 +412,7 @@ class MedusaHeads(
         return cls.from_source(source, map_location=map_location)
 
     @classmethod
-    def from_source(cls, source: ArtifactSource, *, map_location: str | torch.device = "cpu") -> "MedusaHeads":
+    def from_source(cls, source: ArtifactSource, *, map_location: str | torch.device = "cpu") -> MedusaHeads:
         """Load heads from a resolved :class:`~medusa_lite.resolve.ArtifactSource` (strictly)."""
         config = read_config(heads_file(source, CONFIG_NAME))
         heads = cls(config)
@@ -411,7 +427,9 @@ class MedusaHeads(
         if token_ids is not None and self.draft_token_ids is not None:
             problem = draft_ids_problem(token_ids, self.config.vocab_size)
             if problem is not None:
-                raise HeadsFileError(f"Medusa heads weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for another vocabulary")
+                raise HeadsFileError(
+                    f"Medusa heads weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for another vocabulary"
+                )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
@@ -444,13 +462,19 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[s
     try:
         return load_file(str(path), device=str(map_location))
     except (SafetensorError, OSError, ValueError, RuntimeError) as error:
-        raise HeadsFileError(f"{path} could not be read as safetensors ({error}); the file is truncated or corrupt") from error
+        raise HeadsFileError(
+            f"{path} could not be read as safetensors ({error}); the file is truncated or corrupt"
+        ) from error
 
 
 def check_state_dict(expected: dict[str, torch.Tensor], given: dict[str, torch.Tensor]) -> None:
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
-    misshapen = [f"{k}: expected {tuple(expected[k].shape)}, found {tuple(given[k].shape)}" for k in sorted(set(expected) & set(given)) if expected[k].shape != given[k].shape]
+    misshapen = [
+        f"{k}: expected {tuple(expected[k].shape)}, found {tuple(given[k].shape)}"
+        for k in sorted(set(expected) & set(given))
+        if expected[k].shape != given[k].shape
+    ]
     if missing or unexpected or misshapen:
         details = []
         if missing:

@@ -45,8 +45,8 @@ from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COS
 from medusa_lite.errors import MedusaError, TreeError
 from medusa_lite.heads import HEADS_WHAT, MedusaHeads
 from medusa_lite.model import MedusaModel
-from medusa_lite.proposers import Proposer, StepLimits, default_lookups, step_rows
 from medusa_lite.prepack import ROW_GEMM, check_prepack_supported, prepack_backend, prepack_linears, prepack_supported
+from medusa_lite.proposers import Proposer, StepLimits, default_lookups, step_rows
 from medusa_lite.resolve import ArtifactSource, resolve_source
 from medusa_lite.tree import Tree, as_tree
 from medusa_lite.values import as_integer
@@ -114,15 +114,21 @@ def dynamic_tree_from(values: object, path: Path) -> DynamicTree:
     on another machine, and is checked but not used.
     """
     if not isinstance(values, dict) or "max_nodes" not in values or not isinstance(values.get("row_costs", []), list):
-        raise TreeError(f"tree file {path}: 'dynamic' must be an object with 'max_nodes' and optionally 'tokens_per_cost'")
+        raise TreeError(
+            f"tree file {path}: 'dynamic' must be an object with 'max_nodes' and optionally 'tokens_per_cost'"
+        )
     # What write_tree_file writes, or wrote (row_costs).
     known = set(DynamicTree(1, UNMEASURED_ROW_COSTS).portable_dict()) | {"row_costs"}
     unknown = sorted(set(values) - known)
     if unknown:
         raise TreeError(f"tree file {path}: 'dynamic' has unknown key(s) {unknown} (a typo?); known: {sorted(known)}")
     try:
-        DynamicTree(1, tuple(values.get("row_costs") or UNMEASURED_ROW_COSTS))  # an old file's costs must still be well formed
-        return DynamicTree(values["max_nodes"], UNMEASURED_ROW_COSTS, values.get("tokens_per_cost", DEFAULT_TOKENS_PER_COST))
+        DynamicTree(
+            1, tuple(values.get("row_costs") or UNMEASURED_ROW_COSTS)
+        )  # an old file's costs must still be well formed
+        return DynamicTree(
+            values["max_nodes"], UNMEASURED_ROW_COSTS, values.get("tokens_per_cost", DEFAULT_TOKENS_PER_COST)
+        )
     except TreeError as error:
         raise TreeError(f"tree file {path}: {error}") from error
 
@@ -247,7 +253,9 @@ def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None, ro
     if prepack is False or (prepack is None and not prepack_supported(base)):
         return
     check_prepack_supported(base)
-    prepack_linears(base, rows if rows is not None else verification_rows(tree.num_nodes))  # too few rows for the backend: packs nothing
+    prepack_linears(
+        base, rows if rows is not None else verification_rows(tree.num_nodes)
+    )  # too few rows for the backend: packs nothing
 
 
 def load(
@@ -293,23 +301,48 @@ def load(
     else:
         where = heads_source_for(model, heads)
         source = resolve_source(where, HEADS_WHAT, revision=heads_revision, token=token, cache_dir=cache_dir)
-        heads_module = SequentialDrafter.from_source(source) if holds_drafter(source) else MedusaHeads.from_source(source)
+        heads_module = (
+            SequentialDrafter.from_source(source) if holds_drafter(source) else MedusaHeads.from_source(source)
+        )
     if isinstance(heads_module, SequentialDrafter):  # the artifact's config.json records kind "sequential-drafter"
-        return load_with_drafter(heads_module, source, model, dtype=dtype, device=device, tree=tree, datastore=datastore, prepack=prepack, proposers=proposers)
+        return load_with_drafter(
+            heads_module,
+            source,
+            model,
+            dtype=dtype,
+            device=device,
+            tree=tree,
+            datastore=datastore,
+            prepack=prepack,
+            proposers=proposers,
+        )
     base, tokenizer = load_target(model, dtype, device)
     base = adapt_target(base, source, heads_module.config)
     store = resolve_datastore(datastore, source, heads_module.config.vocab_size)
-    medusa = MedusaModel(base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store, proposers=proposers).eval()
+    medusa = MedusaModel(
+        base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store, proposers=proposers
+    ).eval()
     prepack_for_tree(medusa.base_model, medusa.tree, prepack, step_rows(medusa.proposers, medusa))
     if medusa.draft_lm_head is not None and prepack_backend(medusa.base_model) == ROW_GEMM:
         medusa.draft_lm_head.pack_for_few_rows(medusa.num_heads)  # the heads' projection: one row per head
-    if isinstance(medusa.tree, DynamicTree) and not isinstance(tree, DynamicTree):  # a policy given as an object keeps its costs
+    if isinstance(medusa.tree, DynamicTree) and not isinstance(
+        tree, DynamicTree
+    ):  # a policy given as an object keeps its costs
         medusa.tree = priced_here(medusa, medusa.tree)
     return medusa, tokenizer
 
 
 def load_with_drafter(
-    drafter: SequentialDrafter, source: ArtifactSource | None, model, *, dtype, device, tree: TreeSpec, datastore: DatastoreSpec, prepack: bool | None, proposers
+    drafter: SequentialDrafter,
+    source: ArtifactSource | None,
+    model,
+    *,
+    dtype,
+    device,
+    tree: TreeSpec,
+    datastore: DatastoreSpec,
+    prepack: bool | None,
+    proposers,
 ) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
     """``load()`` for a sequential drafter artifact: the target without heads, proposing with the lookups
     and the drafter (:mod:`medusa_lite.drafter_proposer`), its trees sized by this machine's row costs.
@@ -323,7 +356,9 @@ def load_with_drafter(
     elif tree is None and source is not None and find_tree_file(source) is not None:
         tree = read_tree_file(find_tree_file(source))
     if tree is not None and not isinstance(tree, DynamicTree):
-        raise TreeError("a sequential drafter grows its own tree each step: pass tree=None or a DynamicTree (the budget and price of its rows)")
+        raise TreeError(
+            "a sequential drafter grows its own tree each step: pass tree=None or a DynamicTree (the budget and price of its rows)"
+        )
     policy = tree if tree is not None else DynamicTree(1 + DEFAULT_DRAFTER_NODES, UNMEASURED_ROW_COSTS)
     base, tokenizer = load_target(model, dtype, device)
     store = resolve_datastore(datastore, source, drafter.config.vocab_size)
@@ -333,7 +368,10 @@ def load_with_drafter(
     drafter.to(device=weight.device, dtype=weight.dtype)
     if proposers is None:
         costs = policy if keeps_costs else priced_here(medusa, policy)
-        medusa.proposers = (default_lookups(), SequentialDrafterProposer(drafter, max_new_nodes=max(policy.max_nodes - 1, 1), costs=costs))
+        medusa.proposers = (
+            default_lookups(),
+            SequentialDrafterProposer(drafter, max_new_nodes=max(policy.max_nodes - 1, 1), costs=costs),
+        )
     prepack_for_tree(medusa.base_model, Tree(()), prepack, step_rows(medusa.proposers, medusa))
     return medusa, tokenizer
 

@@ -31,7 +31,9 @@ LOOKUP_MIN_NGRAM = 1
 LOOKUP_TOKENS_PER_MATCHED_TOKEN = 2
 
 
-def latest_match(history: torch.Tensor, max_ngram: int = LOOKUP_MAX_NGRAM, min_ngram: int = LOOKUP_MIN_NGRAM) -> tuple[int, int | None]:
+def latest_match(
+    history: torch.Tensor, max_ngram: int = LOOKUP_MAX_NGRAM, min_ngram: int = LOOKUP_MIN_NGRAM
+) -> tuple[int, int | None]:
     """(n, index of the token that followed it) for the latest earlier occurrence of ``history``'s last n-gram.
 
     Tries n = ``max_ngram`` down to ``min_ngram``: the longest n-gram that has an earlier
@@ -67,7 +69,9 @@ def prompt_lookup(
     return copy_after_match(history, n, follow, max_tokens, tokens_per_matched_token)
 
 
-def copy_after_match(history: torch.Tensor, n: int, follow: int | None, max_tokens: int, tokens_per_matched_token: int | None = None) -> torch.Tensor:
+def copy_after_match(
+    history: torch.Tensor, n: int, follow: int | None, max_tokens: int, tokens_per_matched_token: int | None = None
+) -> torch.Tensor:
     """The ids after a match of ``n`` tokens found by :func:`latest_match` (``follow``: where they start).
 
     At most ``max_tokens``, and at most ``tokens_per_matched_token * n`` (None: no such limit); empty without a match.

@@ -17,9 +17,15 @@ from transformers import PreTrainedModel
 
 from medusa_lite.attention import TREE_SDPA
 from medusa_lite.datastore import Datastore
-from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError, MedusaError, TreeError, UnsupportedModelError
-from medusa_lite.heads import DraftLMHead, MedusaConfig, MedusaHeads
 from medusa_lite.dynamic_tree import DynamicTree
+from medusa_lite.errors import (
+    GenerationInputError,
+    IncompatibleHeadsError,
+    MedusaError,
+    TreeError,
+    UnsupportedModelError,
+)
+from medusa_lite.heads import DraftLMHead, MedusaConfig, MedusaHeads
 from medusa_lite.proposers import Proposer, default_proposers
 from medusa_lite.tree import Tree, as_tree
 
@@ -92,7 +98,9 @@ def as_proposers(proposers) -> tuple[Proposer, ...]:
     proposers = (proposers,) if isinstance(proposers, Proposer) else tuple(proposers)
     for proposer in proposers:
         if not isinstance(proposer, Proposer):
-            raise GenerationInputError(f"proposers must be medusa_lite.Proposer instances, got {type(proposer).__name__}")
+            raise GenerationInputError(
+                f"proposers must be medusa_lite.Proposer instances, got {type(proposer).__name__}"
+            )
     return proposers
 
 
@@ -139,16 +147,27 @@ class MedusaModel(nn.Module):
         if freeze_base:
             base_model.requires_grad_(False)
         parameter = base_model.get_output_embeddings().weight
-        tensors = [*heads.parameters(), *heads.buffers()] if heads is not None else []  # buffers: the draft ids must sit on the model's device too
-        if any(t.device != parameter.device or (t.is_floating_point() and t.dtype != parameter.dtype) for t in tensors):
+        tensors = (
+            [*heads.parameters(), *heads.buffers()] if heads is not None else []
+        )  # buffers: the draft ids must sit on the model's device too
+        if any(
+            t.device != parameter.device or (t.is_floating_point() and t.dtype != parameter.dtype) for t in tensors
+        ):
             heads.to(device=parameter.device, dtype=parameter.dtype)
         self.draft_lm_head: DraftLMHead | None = None
         self.refresh_draft_lm_head()
 
     @classmethod
     def with_new_heads(
-        cls, base_model: PreTrainedModel, num_heads: int, *, num_layers: int = 1, use_base_lm_head: bool = True, draft_token_ids: torch.Tensor | None = None, next_token_input: bool = False
-    ) -> "MedusaModel":
+        cls,
+        base_model: PreTrainedModel,
+        num_heads: int,
+        *,
+        num_layers: int = 1,
+        use_base_lm_head: bool = True,
+        draft_token_ids: torch.Tensor | None = None,
+        next_token_input: bool = False,
+    ) -> MedusaModel:
         """Attach freshly initialised heads sized for ``base_model``; ``draft_token_ids``: guess among these tokens only."""
         config = MedusaConfig(
             num_heads=num_heads,
@@ -215,10 +234,14 @@ class MedusaModel(nn.Module):
         if not self.reads_next_token:
             return None
         if next_tokens is None:
-            raise ValueError("these heads read the token after each hidden state (config.next_token_input): pass next_tokens")
+            raise ValueError(
+                "these heads read the token after each hidden state (config.next_token_input): pass next_tokens"
+            )
         return self.base_model.get_input_embeddings()(next_tokens)
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def head_logits(
+        self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Final hidden states [..., H] -> the first ``num_heads`` (default all) heads' logits [..., k, G].
 
         ``next_tokens`` [...]: the token following each hidden state (at decoding time the tree's
@@ -230,10 +253,14 @@ class MedusaModel(nn.Module):
         """
         if self.heads is None:
             raise MedusaError("this MedusaModel has no heads (a target with proposers only): it has no head logits")
-        output_layer = self.draft_lm_head if self.draft_lm_head is not None else self.base_model.get_output_embeddings()
+        output_layer = (
+            self.draft_lm_head if self.draft_lm_head is not None else self.base_model.get_output_embeddings()
+        )
         return self.heads.project(self.heads(hidden, num_heads, self.next_token_embeds(next_tokens)), output_layer)
 
-    def head_topk(self, hidden: torch.Tensor, k: int, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def head_topk(
+        self, hidden: torch.Tensor, k: int, num_heads: int | None = None, next_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Final hidden states [..., H] -> each head's ``k`` likeliest token ids [..., heads, k], best first.
 
         Always full-vocabulary token ids, with or without a draft vocabulary. ``next_tokens``: as
@@ -241,7 +268,9 @@ class MedusaModel(nn.Module):
         """
         return self.ranked_guesses(self.head_logits(hidden, num_heads, next_tokens), k)[0]
 
-    def head_topk_probabilities(self, hidden: torch.Tensor, k: int, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def head_topk_probabilities(
+        self, hidden: torch.Tensor, k: int, num_heads: int | None = None, next_tokens: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """As :meth:`head_topk`, with each guess's probability under its head's softmax (same shape)."""
         logits = self.head_logits(hidden, num_heads, next_tokens)
         token_ids, top_logits = self.ranked_guesses(logits, k)
@@ -251,7 +280,9 @@ class MedusaModel(nn.Module):
         """Head logits [..., G] -> (the ``k`` likeliest full-vocabulary token ids, their logits), best first."""
         if k > self.guess_vocab_size:
             among = "their draft vocabulary" if self.heads.draft_token_ids is not None else "the vocabulary"
-            raise TreeError(f"asked for each head's top-{k} guesses but the heads guess among only {self.guess_vocab_size} tokens ({among})")
+            raise TreeError(
+                f"asked for each head's top-{k} guesses but the heads guess among only {self.guess_vocab_size} tokens ({among})"
+            )
         ranked = logits.topk(k, dim=-1)
         ids = self.heads.draft_token_ids
         return (ranked.indices if ids is None else ids[ranked.indices]), ranked.values

@@ -93,7 +93,9 @@ def rows_of(inputs: torch.Tensor) -> int:
     return inputs.numel() // inputs.shape[-1] if inputs.shape[-1] else 0
 
 
-def row_gemm_linear(inputs: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+def row_gemm_linear(
+    inputs: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
+) -> torch.Tensor:
     """``F.linear(inputs, weight, bias)`` [..., out_features] through the row_gemm kernel, ``packed`` being the weight's packed copy."""
     output = row_gemm(inputs.reshape(rows_of(inputs), inputs.shape[-1]), packed, out_features)
     if bias is not None:
@@ -106,7 +108,9 @@ def weight_signature(weight: torch.Tensor) -> tuple:
     return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
 
 
-def packed_copy_applies(weight: torch.Tensor, packed_from: tuple, inputs: torch.Tensor, min_rows: int, max_rows: int) -> bool:
+def packed_copy_applies(
+    weight: torch.Tensor, packed_from: tuple, inputs: torch.Tensor, min_rows: int, max_rows: int
+) -> bool:
     """Whether ``inputs`` @ ``weight``.T may use a packed copy of ``weight`` made when its signature was ``packed_from``.
 
     Only for inputs of ``min_rows`` to ``max_rows`` rows in the weight's dtype, without gradients
@@ -224,9 +228,13 @@ def packed_from_rows(model: nn.Module, min_rows: int) -> Iterator[None]:
         raise ValueError(f"min_rows must be at least 1, got {min_rows}")
     layers = [module for module in model.modules() if isinstance(module, PrepackedLinear)]
     if not layers:
-        raise UnsupportedModelError("the model's linear layers are not pre-packed (medusa_lite.load(prepack=True) packs float32 models on CPU)")
+        raise UnsupportedModelError(
+            "the model's linear layers are not pre-packed (medusa_lite.load(prepack=True) packs float32 models on CPU)"
+        )
     if min_rows < BACKEND_MIN_ROWS[ROW_GEMM] and any(layer.backend != ROW_GEMM for layer in layers):
-        raise UnsupportedModelError(f"only the row_gemm backend takes inputs of {min_rows} row(s); this model is packed for MKL")
+        raise UnsupportedModelError(
+            f"only the row_gemm backend takes inputs of {min_rows} row(s); this model is packed for MKL"
+        )
     before = [layer.min_rows for layer in layers]
     for layer in layers:
         layer.min_rows = min_rows

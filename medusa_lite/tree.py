@@ -66,7 +66,7 @@ class Tree:
     paths: tuple[Path, ...]
 
     @classmethod
-    def from_paths(cls, paths: Iterable[Sequence[int]]) -> "Tree":
+    def from_paths(cls, paths: Iterable[Sequence[int]]) -> Tree:
         return cls(validate_paths(paths))
 
     @property
@@ -116,13 +116,15 @@ class Tree:
     def describe(self) -> str:
         return f"{self.num_nodes}-node tree (depth {self.depth})"
 
-    def pruned(self, max_depth: int) -> "Tree":
+    def pruned(self, max_depth: int) -> Tree:
         """The same tree without nodes deeper than ``max_depth`` (used near a length limit)."""
         return _pruned(self, max_depth)
 
     def check_fits(self, num_heads: int) -> None:
         if self.depth > num_heads:
-            raise TreeError(f"tree depth {self.depth} exceeds the {num_heads} Medusa heads: a node at depth d needs head d")
+            raise TreeError(
+                f"tree depth {self.depth} exceeds the {num_heads} Medusa heads: a node at depth d needs head d"
+            )
 
 
 @lru_cache(maxsize=256)

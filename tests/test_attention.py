@@ -58,7 +58,14 @@ def test_other_calls_are_transformers_sdpa_unchanged(case):
 
 @pytest.mark.parametrize("attn_implementation", [TREE_SDPA, "sdpa"])
 def test_gqa_model_decodes_exactly_with_either_backend(attn_implementation):
-    base = tiny_base_model("qwen2", vocab_size=90, seed=31, attn_implementation=attn_implementation, num_attention_heads=4, num_key_value_heads=1)
+    base = tiny_base_model(
+        "qwen2",
+        vocab_size=90,
+        seed=31,
+        attn_implementation=attn_implementation,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+    )
     model = MedusaModel(base, random_heads(base, num_heads=3))
     prompt = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     assert torch.equal(generate(model, prompt, 30, tree=default_tree(3)).sequences, plain_greedy(base, prompt, 30))
@@ -66,5 +73,8 @@ def test_gqa_model_decodes_exactly_with_either_backend(attn_implementation):
 
 def test_plain_generate_is_the_same_under_both_backends():
     prompt = torch.tensor([[2, 7, 1, 8, 2, 8]])
-    outputs = [plain_greedy(tiny_base_model("llama", vocab_size=70, seed=5, attn_implementation=name), prompt, 20) for name in (TREE_SDPA, "sdpa")]
+    outputs = [
+        plain_greedy(tiny_base_model("llama", vocab_size=70, seed=5, attn_implementation=name), prompt, 20)
+        for name in (TREE_SDPA, "sdpa")
+    ]
     assert torch.equal(*outputs)

@@ -31,7 +31,13 @@ def test_stratified_subset_and_rotation():
     assert len({q["question_id"] for q in subset}) == 26
     assert len(benchmark.stratified_subset(questions, 5)) == 5
     assert benchmark.stratified_subset(QUESTIONS, 10) == [QUESTIONS[0], QUESTIONS[1], QUESTIONS[2]]
-    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == ["plain", "plain_kernel", "pld", "medusa", "static_tree"]
+    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == [
+        "plain",
+        "plain_kernel",
+        "pld",
+        "medusa",
+        "static_tree",
+    ]
 
 
 def test_first_difference():
@@ -49,12 +55,18 @@ def test_benchmark_end_to_end_fp32(tmp_path):
     questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     out = tmp_path / "bench"
     args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file), "--quick", "3"]
-    assert benchmark.main([*args, "--max-new-tokens", "16", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    assert (
+        benchmark.main([*args, "--max-new-tokens", "16", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    )
     for name in OUTPUT_FILES:
         assert (out / name).stat().st_size > 0, name
 
     results = json.loads((out / "results.json").read_text())
-    assert results["num_questions"] == 3 and results["machine"]["dtype"] == "float32" and results["machine"]["torch_threads"] == 1
+    assert (
+        results["num_questions"] == 3
+        and results["machine"]["dtype"] == "float32"
+        and results["machine"]["torch_threads"] == 1
+    )
     assert results["machine"]["cpu"] and results["machine"]["transformers"] and results["machine"]["date"]
     overall = results["summary"]["overall"]
     kernel_runs = results["machine"]["prepack_backend"] == "row_gemm"
@@ -66,8 +78,14 @@ def test_benchmark_end_to_end_fp32(tmp_path):
     assert set(results["summary"]) == {"writing", "qa", "overall"}
     assert overall["plain"]["mean_accepted_tokens"] == 1.0 and overall["plain"]["speedup"] == 1.0
     assert overall["medusa"]["identical_fraction"] == 1.0 and overall["heads"]["identical_fraction"] == 1.0
-    assert overall["no_datastore"]["identical_fraction"] == 1.0 and overall["no_datastore"]["datastore_step_fraction"] == 0.0
-    assert results["datastore_answers"] == len(answers) and 0.0 <= overall["medusa"]["datastore_step_fraction"] <= overall["medusa"]["lookup_step_fraction"]
+    assert (
+        overall["no_datastore"]["identical_fraction"] == 1.0
+        and overall["no_datastore"]["datastore_step_fraction"] == 0.0
+    )
+    assert (
+        results["datastore_answers"] == len(answers)
+        and 0.0 <= overall["medusa"]["datastore_step_fraction"] <= overall["medusa"]["lookup_step_fraction"]
+    )
     assert 0.0 <= overall["medusa"]["lookup_step_fraction"] <= 1.0 and overall["heads"]["lookup_step_fraction"] == 0.0
     assert overall["medusa"]["mean_accepted_tokens"] >= 1.0 and overall["pld"]["mean_accepted_tokens"] >= 1.0
     assert overall["plain"]["mean_tokens_per_step"] == 1.0
@@ -92,8 +110,19 @@ def test_benchmark_runs_a_subset_of_methods(tmp_path):
     questions_file = tmp_path / "questions.jsonl"
     questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2]))
     out = tmp_path / "bench"
-    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file), "--methods", "heads"]
-    assert benchmark.main([*args, "--max-new-tokens", "8", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    args = [
+        "--model",
+        str(model_dir),
+        "--heads",
+        str(heads_dir),
+        "--questions",
+        str(questions_file),
+        "--methods",
+        "heads",
+    ]
+    assert (
+        benchmark.main([*args, "--max-new-tokens", "8", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    )
     results = json.loads((out / "results.json").read_text())
     kernel = {"plain_kernel"} if results["machine"]["prepack_backend"] == "row_gemm" else set()
     assert set(results["summary"]["overall"]) == {"plain", "heads"} | kernel  # plain always runs: it is the reference
@@ -107,10 +136,26 @@ def test_benchmark_compares_a_dynamic_tree_with_the_static_one(tmp_path):
     questions_file = tmp_path / "questions.jsonl"
     questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2]))
     out = tmp_path / "bench"
-    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file), "--methods", "medusa", "static_tree"]
-    assert benchmark.main([*args, "--max-new-tokens", "12", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    args = [
+        "--model",
+        str(model_dir),
+        "--heads",
+        str(heads_dir),
+        "--questions",
+        str(questions_file),
+        "--methods",
+        "medusa",
+        "static_tree",
+    ]
+    assert (
+        benchmark.main([*args, "--max-new-tokens", "12", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    )
     results = json.loads((out / "results.json").read_text())
-    assert results["dynamic_tree"]["max_nodes"] == 6 and results["static_tree"] == [[0], [1], [0, 0]] and results["tree"] is None
+    assert (
+        results["dynamic_tree"]["max_nodes"] == 6
+        and results["static_tree"] == [[0], [1], [0, 0]]
+        and results["tree"] is None
+    )
     overall = results["summary"]["overall"]
     assert overall["medusa"]["identical_fraction"] == 1.0 and overall["static_tree"]["identical_fraction"] == 1.0
     assert 1.0 <= overall["static_tree"]["mean_verified_rows"] <= 4 + DEFAULT_LOOKUP_TOKENS

@@ -24,7 +24,9 @@ def test_appending_writes_in_place_and_matches_concatenation():
     more_keys, more_values = entries(3, 1)
     out_keys, out_values = layer.update(more_keys, more_values)
     assert layer.key_buffer.data_ptr() == buffer  # no new allocation
-    assert torch.equal(out_keys, torch.cat([keys, more_keys], dim=-2)) and torch.equal(out_values, torch.cat([values, more_values], dim=-2))
+    assert torch.equal(out_keys, torch.cat([keys, more_keys], dim=-2)) and torch.equal(
+        out_values, torch.cat([values, more_values], dim=-2)
+    )
     assert layer.get_seq_length() == 8
 
 

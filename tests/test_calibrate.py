@@ -23,13 +23,27 @@ from medusa_lite.prepack import MKL, mkl_packing_available, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree, best_tree, expected_accepted_tokens
 
-QUICK_ARGS = ["--dtype", "fp32", "--threads", "1", "--sizes", "1,2,4,8", "--prefix-tokens", "32", "--repeats", "2", "--warmup", "1"]
-
+QUICK_ARGS = [
+    "--dtype",
+    "fp32",
+    "--threads",
+    "1",
+    "--sizes",
+    "1,2,4,8",
+    "--prefix-tokens",
+    "32",
+    "--repeats",
+    "2",
+    "--warmup",
+    "1",
+]
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return save_tiny_checkpoint(tmp_path_factory.mktemp("calibrate"), training_summary={"topk_accuracy": TOPK_ACCURACY})
+    return save_tiny_checkpoint(
+        tmp_path_factory.mktemp("calibrate"), training_summary={"topk_accuracy": TOPK_ACCURACY}
+    )
 
 
 def test_choice_maximises_predicted_speedup():
@@ -39,7 +53,9 @@ def test_choice_maximises_predicted_speedup():
     step_ms = {1: 10.0, 2: 10.0, 4: 10.0, 8: 10.5, 16: 20.0, 32: 40.0}
     costs = [calibrate_tree.StepCost(n, step_ms[n], step_ms[n]) for n in sizes]
     rows = calibrate_tree.prediction_table(trees, costs, TOPK_ACCURACY)
-    assert rows[0].relative_cost == 1.0 and rows[0].expected_accepted_tokens == 1.0 and rows[0].predicted_speedup == 1.0
+    assert (
+        rows[0].relative_cost == 1.0 and rows[0].expected_accepted_tokens == 1.0 and rows[0].predicted_speedup == 1.0
+    )
     for row, tree in zip(rows, trees):
         assert row.num_nodes == tree.num_nodes
         assert row.expected_accepted_tokens == pytest.approx(expected_accepted_tokens(tree, TOPK_ACCURACY))
@@ -55,7 +71,9 @@ def test_timed_step_leaves_the_cache_as_it_was():
     with torch.inference_mode():
         prefill = model.target_forward(torch.arange(20)[None], cache=cache, use_cache=True)
         keys = cache.layers[0].keys.clone()
-        verify_s, step_s = calibrate_tree.timed_step(model, cache, prefill.hidden[0, -1], prefill.logits[0, -1:].argmax(-1), best_tree(TOPK_ACCURACY, 8))
+        verify_s, step_s = calibrate_tree.timed_step(
+            model, cache, prefill.hidden[0, -1], prefill.logits[0, -1:].argmax(-1), best_tree(TOPK_ACCURACY, 8)
+        )
     assert 0 < verify_s <= step_s
     assert cache.get_seq_length() == 20 and torch.equal(cache.layers[0].keys, keys)
 
@@ -108,7 +126,9 @@ def test_row_gemm_timing_packs_once_and_interleaves_sizes(monkeypatch):
     assert {rows for _, rows in timed} == {verification_rows(8)}
     rounds = [sorted(nodes for nodes, _ in timed[start : start + 3]) for start in range(0, len(timed), 3)]
     assert rounds == [[1, 4, 8]] * 6  # 1 warm-up + 5 timed rounds
-    assert len({tuple(nodes for nodes, _ in timed[start : start + 3]) for start in range(0, len(timed), 3)}) > 1, "orders are shuffled"
+    assert len({tuple(nodes for nodes, _ in timed[start : start + 3]) for start in range(0, len(timed), 3)}) > 1, (
+        "orders are shuffled"
+    )
 
 
 def test_measured_accuracy_of_oracle_heads_is_perfect():
@@ -147,17 +167,31 @@ def test_calibration_writes_tree_json_that_load_uses(checkpoint, capsys):
     assert written["dynamic"] == {"max_nodes": DEFAULT_MAX_NODES, "tokens_per_cost": DEFAULT_TOKENS_PER_COST}
     loaded = load(model_dir, heads=heads_dir, dtype=torch.float32)[0]
     costs = step_costs(loaded, DEFAULT_MAX_NODES + DEFAULT_LOOKUP_TOKENS)  # cached by the load just above
-    assert loaded.tree == read_tree_file(heads_dir / "tree.json").pruned(NUM_HEADS).with_costs(costs.row_costs, costs.heads_cost)
+    assert loaded.tree == read_tree_file(heads_dir / "tree.json").pruned(NUM_HEADS).with_costs(
+        costs.row_costs, costs.heads_cost
+    )
     assert read_tree_file(heads_dir / "tree.json", dynamic=False) == best_tree(TOPK_ACCURACY, chosen)
     # A static tree chosen elsewhere (e.g. by a replay with the lookup chain) is kept as given.
-    assert calibrate_tree.main(["--model", str(model_dir), "--heads", str(heads_dir), "--static-paths", "[[0], [1]]", *QUICK_ARGS]) == 0
+    assert (
+        calibrate_tree.main(
+            ["--model", str(model_dir), "--heads", str(heads_dir), "--static-paths", "[[0], [1]]", *QUICK_ARGS]
+        )
+        == 0
+    )
     assert read_tree_file(heads_dir / "tree.json", dynamic=False) == Tree.from_paths([[0], [1]])
     assert json.loads((heads_dir / "tree.json").read_text())["static_paths_source"] == "--static-paths"
     # Without a dynamic policy, load decodes with the static tree.
-    assert calibrate_tree.main(["--model", str(model_dir), "--heads", str(heads_dir), "--dynamic-max-nodes", "0", *QUICK_ARGS]) == 0
+    assert (
+        calibrate_tree.main(
+            ["--model", str(model_dir), "--heads", str(heads_dir), "--dynamic-max-nodes", "0", *QUICK_ARGS]
+        )
+        == 0
+    )
     static_only = json.loads((heads_dir / "tree.json").read_text())  # timed afresh: its own choice
     assert "dynamic" not in static_only
-    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree == best_tree(TOPK_ACCURACY, static_only["chosen"]["num_nodes"])
+    assert load(model_dir, heads=heads_dir, dtype=torch.float32)[0].tree == best_tree(
+        TOPK_ACCURACY, static_only["chosen"]["num_nodes"]
+    )
     (heads_dir / "tree.json").unlink()
 
 
@@ -165,7 +199,20 @@ def test_calibration_measures_accuracy_on_prompts(checkpoint, tmp_path, capsys):
     model_dir, heads_dir = checkpoint
     (tmp_path / "prompts.txt").write_text("Why is the sky blue?\nWrite a short poem about the sea.\n")
     out_file = tmp_path / "tree.json"
-    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--measure-on", str(tmp_path / "prompts.txt"), "--measure-tokens", "12", "--max-rank", "4", "--out", str(out_file)]
+    args = [
+        "--model",
+        str(model_dir),
+        "--heads",
+        str(heads_dir),
+        "--measure-on",
+        str(tmp_path / "prompts.txt"),
+        "--measure-tokens",
+        "12",
+        "--max-rank",
+        "4",
+        "--out",
+        str(out_file),
+    ]
     assert calibrate_tree.main([*args, *QUICK_ARGS]) == 0
     written = json.loads(out_file.read_text())
     assert written["accuracy_source"].startswith("measured on 2 prompts")
@@ -176,7 +223,12 @@ def test_calibration_measures_accuracy_on_prompts(checkpoint, tmp_path, capsys):
 def test_costs_only_needs_no_heads_and_writes_no_tree(checkpoint, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr("medusa_lite.loading.DEFAULT_HEADS_DIR", tmp_path / "not-shipped-yet")
     model_dir, _ = checkpoint
-    assert calibrate_tree.main(["--model", str(model_dir), "--costs-only", *QUICK_ARGS, "--out", str(tmp_path / "costs.json")]) == 0
+    assert (
+        calibrate_tree.main(
+            ["--model", str(model_dir), "--costs-only", *QUICK_ARGS, "--out", str(tmp_path / "costs.json")]
+        )
+        == 0
+    )
     assert "verify ms" in capsys.readouterr().out
     written = json.loads((tmp_path / "costs.json").read_text())
     assert "paths" not in written and len(written["table"]) == 4

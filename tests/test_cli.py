@@ -36,9 +36,17 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 def summary_numbers(out: str) -> dict:
-    match = re.search(r"\[medusa-lite\] (\d+) new tokens in [\d.]+ s: ([\d.]+) tokens/s, ([\d.]+) mean accepted tokens per target call \((\d+)-node tree", out)
+    match = re.search(
+        r"\[medusa-lite\] (\d+) new tokens in [\d.]+ s: ([\d.]+) tokens/s, ([\d.]+) mean accepted tokens per target call \((\d+)-node tree",
+        out,
+    )
     assert match, out
-    return {"new_tokens": int(match[1]), "tokens_per_second": float(match[2]), "mean_accepted": float(match[3]), "tree_nodes": int(match[4])}
+    return {
+        "new_tokens": int(match[1]),
+        "tokens_per_second": float(match[2]),
+        "mean_accepted": float(match[3]),
+        "tree_nodes": int(match[4]),
+    }
 
 
 # -- load --------------------------------------------------------------------------------------
@@ -107,7 +115,20 @@ def test_cli_greedy_streams_text_and_compares(checkpoint, capsys, monkeypatch):
             super().on_finalized_text(text, stream_end)
 
     monkeypatch.setattr("medusa_lite.cli.TextStreamer", RecordingStreamer)
-    code, out, _ = run_cli(capsys, "--model", str(model_dir), "--heads", str(heads_dir), "--prompt", PROMPT, "--max-new-tokens", "20", "--dtype", "fp32", "--compare")
+    code, out, _ = run_cli(
+        capsys,
+        "--model",
+        str(model_dir),
+        "--heads",
+        str(heads_dir),
+        "--prompt",
+        PROMPT,
+        "--max-new-tokens",
+        "20",
+        "--dtype",
+        "fp32",
+        "--compare",
+    )
     assert code == 0
     numbers = summary_numbers(out)
     assert 1 <= numbers["new_tokens"] <= 20 and numbers["mean_accepted"] >= 1.0
@@ -129,7 +150,24 @@ def test_cli_greedy_streams_text_and_compares(checkpoint, capsys, monkeypatch):
 
 def test_cli_sampling_is_seeded(checkpoint, capsys):
     model_dir, heads_dir = checkpoint
-    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--max-new-tokens", "16", "--dtype", "fp32", "--temperature", "0.9", "--top-k", "50", "--top-p", "0.95", "--seed", "3"]
+    args = [
+        "--model",
+        str(model_dir),
+        "--heads",
+        str(heads_dir),
+        "--max-new-tokens",
+        "16",
+        "--dtype",
+        "fp32",
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "50",
+        "--top-p",
+        "0.95",
+        "--seed",
+        "3",
+    ]
     first = run_cli(capsys, *args, "--compare")
     second = run_cli(capsys, *args)
     assert first[0] == second[0] == 0
@@ -140,7 +178,19 @@ def test_cli_sampling_is_seeded(checkpoint, capsys):
 def test_cli_tree_file(checkpoint, capsys, tmp_path):
     write_tree_file(tmp_path / "tree.json", Tree.from_paths([[0], [0, 0]]), {})
     model_dir, heads_dir = checkpoint
-    code, out, _ = run_cli(capsys, "--model", str(model_dir), "--heads", str(heads_dir), "--tree", str(tmp_path / "tree.json"), "--max-new-tokens", "8", "--dtype", "fp32")
+    code, out, _ = run_cli(
+        capsys,
+        "--model",
+        str(model_dir),
+        "--heads",
+        str(heads_dir),
+        "--tree",
+        str(tmp_path / "tree.json"),
+        "--max-new-tokens",
+        "8",
+        "--dtype",
+        "fp32",
+    )
     assert code == 0 and summary_numbers(out)["tree_nodes"] == 3
 
 
@@ -151,5 +201,7 @@ def test_cli_reports_errors_without_traceback(checkpoint, capsys):
 
 @pytest.mark.slow
 def test_python_dash_m_entry_point():
-    result = subprocess.run([sys.executable, "-m", "medusa_lite", "--help"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "medusa_lite", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0 and "--compare" in result.stdout

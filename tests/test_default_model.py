@@ -36,8 +36,14 @@ def test_cache_folder_follows_the_environment_variable(monkeypatch, tmp_path):
 
 def tiny_model_and_tokenizer():
     tokenizer = make_tiny_tokenizer()
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, intermediate_size=32)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=32,
+    )
     return LlamaForCausalLM(config), tokenizer
 
 

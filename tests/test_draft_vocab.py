@@ -29,7 +29,11 @@ from medusa_lite.training.losses import IGNORE, OUT_OF_DRAFT, HeadStats, head_lo
 from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective, heads_logits
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
-tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread
+tiny_target, pattern_data, single_thread = (
+    training_fixtures.tiny_target,
+    training_fixtures.pattern_data,
+    training_fixtures.single_thread,
+)
 
 VOCAB = 64
 DRAFT = 16
@@ -48,7 +52,12 @@ def draft_ids(seed: int = 0, size: int = DRAFT, vocab: int = VOCAB) -> torch.Ten
 def draft_heads(base, num_heads: int = 3, ids: torch.Tensor | None = None, seed: int = 1) -> MedusaHeads:
     """Random heads (as tiny_models.random_heads) that guess among ``ids`` only."""
     ids = draft_ids() if ids is None else ids
-    config = MedusaConfig(num_heads=num_heads, hidden_size=base.config.hidden_size, vocab_size=base.config.vocab_size, draft_vocab_size=ids.numel())
+    config = MedusaConfig(
+        num_heads=num_heads,
+        hidden_size=base.config.hidden_size,
+        vocab_size=base.config.vocab_size,
+        draft_vocab_size=ids.numel(),
+    )
     heads = MedusaHeads(config)
     heads.load_state_dict({**random_heads(base, num_heads, seed=seed).state_dict(), DRAFT_IDS_NAME: ids})
     return heads
@@ -78,7 +87,10 @@ def corrupt_ids(folder, ids: torch.Tensor) -> None:
 @pytest.mark.parametrize(
     "make_ids, message",
     [
-        (lambda ids: torch.cat([ids[:-1], torch.tensor([VOCAB])]), rf"draft_token_ids holds token id {VOCAB}, outside the vocabulary \[0, {VOCAB}\)"),
+        (
+            lambda ids: torch.cat([ids[:-1], torch.tensor([VOCAB])]),
+            rf"draft_token_ids holds token id {VOCAB}, outside the vocabulary \[0, {VOCAB}\)",
+        ),
         (lambda ids: torch.cat([ids[:-1], torch.tensor([-3])]), r"draft_token_ids holds token id -3"),
         (lambda ids: torch.cat([ids[:-1], ids[:1]]), r"draft_token_ids repeats token ids \(1 duplicate"),
         (lambda ids: ids.float(), r"draft_token_ids must hold integer token ids, found dtype torch.float32"),
@@ -106,7 +118,10 @@ def test_config_and_weights_must_agree_on_having_a_draft_vocab(base, tmp_path):
     with pytest.raises(HeadsFileError, match=r"unexpected tensors \['draft_token_ids'\]"):
         MedusaHeads.from_pretrained(tmp_path / "draft")
     (tmp_path / "draft" / "config.json").write_text(json.dumps({**config, "draft_vocab_size": VOCAB + 1}))
-    with pytest.raises(HeadsFileError, match=rf"draft_vocab_size must be None \(full vocabulary\) or an integer in \[1, vocab_size = {VOCAB}\]"):
+    with pytest.raises(
+        HeadsFileError,
+        match=rf"draft_vocab_size must be None \(full vocabulary\) or an integer in \[1, vocab_size = {VOCAB}\]",
+    ):
         MedusaHeads.from_pretrained(tmp_path / "draft")
 
 
@@ -206,7 +221,9 @@ def test_greedy_decoding_with_draft_vocab_heads_is_identical_to_plain_generate(b
 class DraftOracle(OracleMedusaModel):
     """Oracle heads (always right when they can be) that guess among the draft vocabulary only."""
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def head_logits(
+        self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return super().head_logits(hidden, num_heads)[..., self.heads.draft_token_ids]
 
 
@@ -215,7 +232,9 @@ def test_right_guesses_from_the_draft_vocab_are_accepted(base):
     reference = plain_greedy(base, torch.tensor([[3, 17, 5]]), 30)[0]
     used = torch.unique(reference)
     fillers = torch.tensor([i for i in range(VOCAB) if i not in set(used.tolist())])
-    ids = torch.cat([fillers[:DRAFT], used])[torch.randperm(DRAFT + used.numel(), generator=torch.Generator().manual_seed(0))]
+    ids = torch.cat([fillers[:DRAFT], used])[
+        torch.randperm(DRAFT + used.numel(), generator=torch.Generator().manual_seed(0))
+    ]
     model = DraftOracle(base, draft_heads(base, ids=ids), reference)
     out = generate(model, reference[None, :3], 30)
     assert torch.equal(out.sequences[0], reference)
@@ -240,10 +259,16 @@ def test_draft_vocab_is_the_most_frequent_response_tokens_ties_by_id():
     assert coverage(counts, torch.tensor([3, 5])) == pytest.approx(4 / 9)
     held_out = [sample([3, 3, 1, 2], [1, 1, 1, 1])]
     draft = choose_draft_vocab(train, held_out, vocab_size=10, size=4)
-    assert draft.token_ids.tolist() == [3, 5, 7, 9] and draft.train_coverage == pytest.approx(8 / 9) and draft.eval_coverage == pytest.approx(0.5)
+    assert (
+        draft.token_ids.tolist() == [3, 5, 7, 9]
+        and draft.train_coverage == pytest.approx(8 / 9)
+        and draft.eval_coverage == pytest.approx(0.5)
+    )
     assert choose_draft_vocab(train, [], 10, 4).eval_coverage is None
     # deterministic: the same data give the same ids
-    assert torch.equal(choose_draft_vocab(train, held_out, 10, 6).token_ids, choose_draft_vocab(train, held_out, 10, 6).token_ids)
+    assert torch.equal(
+        choose_draft_vocab(train, held_out, 10, 6).token_ids, choose_draft_vocab(train, held_out, 10, 6).token_ids
+    )
 
 
 def test_token_ids_beyond_the_vocabulary_are_a_data_error():
@@ -267,7 +292,10 @@ def test_out_of_draft_targets_count_as_misses_but_not_in_the_cross_entropy():
     loss, stats = head_loss(logits, targets, lambda h: h, weights=torch.tensor([1.0, 0.5]), topk=5)
     assert stats.count.tolist() == [6, 5] and stats.ce_count.tolist() == [4, 4]
     ce = F.cross_entropy
-    first, second = ce(logits[[0, 2, 3, 5], 0], targets[[0, 2, 3, 5], 0]), ce(logits[[0, 1, 4, 5], 1], targets[[0, 1, 4, 5], 1])
+    first, second = (
+        ce(logits[[0, 2, 3, 5], 0], targets[[0, 2, 3, 5], 0]),
+        ce(logits[[0, 1, 4, 5], 1], targets[[0, 1, 4, 5], 1]),
+    )
     torch.testing.assert_close(loss, first + 0.5 * second)
     assert stats.mean_ce() == pytest.approx([first.item(), second.item()], rel=1e-5)  # over predictable targets only
     # every predictable target sits at some rank of 5 logits: top-5 accuracy = share of predictable targets
@@ -321,9 +349,13 @@ def test_distillation_teacher_is_the_base_distribution_renormalised_on_the_draft
 def test_medusa2_objective_maps_targets_to_the_draft_vocab(base):
     from peft import LoraConfig, get_peft_model
 
-    peft_model = get_peft_model(base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    peft_model = get_peft_model(
+        base, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    )
     heads = draft_heads(base, num_heads=2)
-    objective = Medusa2Objective(peft_model, heads, LossSettings(weights=[1.0, 1.0], distill_weight=0.5), base_distill_weight=1.0)
+    objective = Medusa2Objective(
+        peft_model, heads, LossSettings(weights=[1.0, 1.0], distill_weight=0.5), base_distill_weight=1.0
+    )
     ids = torch.randint(0, VOCAB, (2, 10))
     loss, vector = objective(ids, torch.ones_like(ids), torch.ones(2, 10, dtype=torch.bool), topk=2)
     stats = HeadStats.from_vector(vector[:-1], 2, 2)
@@ -349,7 +381,9 @@ def test_training_config_key_is_typed_and_checked(tmp_path):
 
 
 def test_draft_vocab_larger_than_the_model_vocabulary_is_a_config_error(tiny_target, pattern_data, tmp_path):
-    with pytest.raises(TrainingConfigError, match="draft_vocab_size 5000 exceeds the model's vocabulary of 384 tokens"):
+    with pytest.raises(
+        TrainingConfigError, match="draft_vocab_size 5000 exceeds the model's vocabulary of 384 tokens"
+    ):
         train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "out", max_steps=1, draft_vocab_size=5000))
 
 
@@ -359,7 +393,9 @@ TINY_DRAFT = 12  # the pattern data's responses use 24 distinct tokens; the 12 m
 def test_training_with_a_draft_vocab_end_to_end(tiny_target, pattern_data, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    result = train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "out", max_steps=40, draft_vocab_size=TINY_DRAFT))
+    result = train_heads.main(
+        tiny_argv(tiny_target, pattern_data, tmp_path / "out", max_steps=40, draft_vocab_size=TINY_DRAFT)
+    )
     summary = result.summary
     assert summary["draft_vocab_size"] == TINY_DRAFT and 0.9 < summary["draft_vocab_coverage"] < 1.0
     assert 0.9 < summary["draft_vocab_eval_coverage"] < 1.0
@@ -378,7 +414,16 @@ def test_training_with_a_draft_vocab_end_to_end(tiny_target, pattern_data, tmp_p
 def test_cached_and_live_training_agree_with_a_draft_vocab_and_distillation(tiny_target, pattern_data, tmp_path):
     runs = {}
     for cached in (False, True):
-        argv = tiny_argv(tiny_target, pattern_data, tmp_path / f"cached-{cached}", max_steps=3, log_every=1, precompute_hidden=cached, distill_weight=0.5, draft_vocab_size=TINY_DRAFT)
+        argv = tiny_argv(
+            tiny_target,
+            pattern_data,
+            tmp_path / f"cached-{cached}",
+            max_steps=3,
+            log_every=1,
+            precompute_hidden=cached,
+            distill_weight=0.5,
+            draft_vocab_size=TINY_DRAFT,
+        )
         runs[cached] = train_heads.main(argv)
     live, cached = ([e["train/loss"] for e in runs[c].history if "train/loss" in e] for c in (False, True))
     assert len(live) == len(cached) == 3
@@ -386,12 +431,19 @@ def test_cached_and_live_training_agree_with_a_draft_vocab_and_distillation(tiny
     assert runs[True].summary["draft_vocab_coverage"] == runs[False].summary["draft_vocab_coverage"]
 
 
-def test_resume_keeps_the_checkpoints_draft_vocab_and_says_so_when_the_data_changed(tiny_target, pattern_data, tmp_path, capsys):
+def test_resume_keeps_the_checkpoints_draft_vocab_and_says_so_when_the_data_changed(
+    tiny_target, pattern_data, tmp_path, capsys
+):
     out = tmp_path / "out"
-    first = train_heads.main(tiny_argv(tiny_target, pattern_data, out, max_steps=2, checkpoint_every=2, draft_vocab_size=TINY_DRAFT))
+    first = train_heads.main(
+        tiny_argv(tiny_target, pattern_data, out, max_steps=2, checkpoint_every=2, draft_vocab_size=TINY_DRAFT)
+    )
     saved_ids = MedusaHeads.from_pretrained(first.heads_dir).draft_token_ids
     capsys.readouterr()
     other_data = training_fixtures.write_pattern_data(tmp_path / "other.jsonl", 80, seed=5, answer_words=6)
-    resumed = train_heads.main(tiny_argv(tiny_target, other_data, out, max_steps=4, checkpoint_every=2, draft_vocab_size=TINY_DRAFT) + ["--resume"])
+    resumed = train_heads.main(
+        tiny_argv(tiny_target, other_data, out, max_steps=4, checkpoint_every=2, draft_vocab_size=TINY_DRAFT)
+        + ["--resume"]
+    )
     assert "the checkpoint's draft vocabulary differs" in capsys.readouterr().out
     assert torch.equal(MedusaHeads.from_pretrained(resumed.heads_dir).draft_token_ids, saved_ids)

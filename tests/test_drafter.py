@@ -8,14 +8,23 @@ import pytest
 import torch
 
 from medusa_lite.drafter import DRAFTER_KIND, DrafterConfig, SequentialDrafter, config_kind
-from medusa_lite.drafter_tree import DrafterCache, commit_pairs, expand_nodes, grow_candidates, ranked_nodes, tree_of_candidates
+from medusa_lite.drafter_tree import (
+    DrafterCache,
+    commit_pairs,
+    expand_nodes,
+    grow_candidates,
+    ranked_nodes,
+    tree_of_candidates,
+)
 from medusa_lite.errors import HeadsFileError
 from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_features
 from medusa_lite.training.objective import LossSettings
 from tests.tiny_models import FAMILIES, tiny_base_model
 
 
-def random_drafter(base, *, depth: int = 3, seed: int = 2, draft_vocab_size: int | None = None, scale: float = 0.3) -> SequentialDrafter:
+def random_drafter(
+    base, *, depth: int = 3, seed: int = 2, draft_vocab_size: int | None = None, scale: float = 0.3
+) -> SequentialDrafter:
     """A drafter with random weights (fresh ones would also be random; a fixed seed makes tests repeatable)."""
     drafter = SequentialDrafter(DrafterConfig.for_model(base, depth=depth, draft_vocab_size=draft_vocab_size))
     generator = torch.Generator().manual_seed(seed)
@@ -49,7 +58,9 @@ def test_training_unroll_equals_decoding_along_the_true_path(family):
             feature, slots = root.feature, []
             for level in (1, 2):  # expand the depth-`level` node holding the true token x_{t+1+level}
                 token = tokens[t + 1 + level].view(1)
-                step = expand_nodes(drafter, cache, draft_k, draft_v, feature[None], embed(token), cache.length - 1 + level, [slots])
+                step = expand_nodes(
+                    drafter, cache, draft_k, draft_v, feature[None], embed(token), cache.length - 1 + level, [slots]
+                )
                 assert torch.allclose(step.features[0], unrolled[level][0, t], rtol=1e-4, atol=1e-4), (t, level)
                 slots = slots + [draft_k.shape[-2]]
                 draft_k, draft_v = torch.cat([draft_k, step.keys], -2), torch.cat([draft_v, step.values], -2)
@@ -64,12 +75,21 @@ def test_committing_in_pieces_equals_committing_at_once():
     tokens = torch.randint(0, 128, (12,), generator=torch.Generator().manual_seed(1))
     hidden = target_features(base, tokens)
     with torch.no_grad():
-        whole, whole_root = commit_pairs(drafter, DrafterCache.empty(drafter, tokens.device, torch.float32), hidden[:11], tokens[1:12], embed, lm_head)
+        whole, whole_root = commit_pairs(
+            drafter,
+            DrafterCache.empty(drafter, tokens.device, torch.float32),
+            hidden[:11],
+            tokens[1:12],
+            embed,
+            lm_head,
+        )
         cache = DrafterCache.empty(drafter, tokens.device, torch.float32)
         for start, end in ((0, 5), (5, 6), (6, 11)):
             cache, root = commit_pairs(drafter, cache, hidden[start:end], tokens[start + 1 : end + 1], embed, lm_head)
     assert cache.length == whole.length == 11
-    assert torch.allclose(cache.keys, whole.keys, atol=1e-5) and torch.allclose(root.logits, whole_root.logits, atol=1e-4)
+    assert torch.allclose(cache.keys, whole.keys, atol=1e-5) and torch.allclose(
+        root.logits, whole_root.logits, atol=1e-4
+    )
 
 
 def successor_drafter(base) -> SequentialDrafter:
@@ -84,7 +104,13 @@ def successor_drafter(base) -> SequentialDrafter:
     with torch.no_grad():
         for parameter in drafter.parameters():
             parameter.zero_()
-        for norm in (drafter.feature_norm, drafter.token_norm, drafter.attention_norm, drafter.mlp_norm, drafter.output_norm):
+        for norm in (
+            drafter.feature_norm,
+            drafter.token_norm,
+            drafter.attention_norm,
+            drafter.mlp_norm,
+            drafter.output_norm,
+        ):
             norm.weight.fill_(1.0)
         drafter.fuse.weight[:, hidden:] = torch.eye(hidden)  # output = normalised token embedding
         directions = embed / embed.norm(dim=-1, keepdim=True)
@@ -98,7 +124,14 @@ def test_depth_d_reads_the_token_drafted_at_depth_d_minus_1():
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
     tokens = torch.tensor([5, 17, 40, 41, 90])
     with torch.no_grad():
-        cache, root = commit_pairs(drafter, DrafterCache.empty(drafter, tokens.device, torch.float32), target_features(base, tokens)[:4], tokens[1:], embed, lm_head)
+        cache, root = commit_pairs(
+            drafter,
+            DrafterCache.empty(drafter, tokens.device, torch.float32),
+            target_features(base, tokens)[:4],
+            tokens[1:],
+            embed,
+            lm_head,
+        )
         candidates = grow_candidates(drafter, cache, root, int(tokens[-1]), embed, lm_head, depth=4, topk=2)
     best_chain, node = [], ranked_nodes(candidates)[0]
     deepest = max(range(len(candidates.tokens)), key=lambda n: (candidates.depths[n], candidates.scores[n]))
@@ -107,7 +140,9 @@ def test_depth_d_reads_the_token_drafted_at_depth_d_minus_1():
         best_chain.append(candidates.tokens[node])
         node = candidates.parents[node]
     assert candidates.depths[deepest] == 4
-    assert best_chain[::-1] == [91, 92, 93, 94], "each depth must draft the successor of the token drafted just above it"
+    assert best_chain[::-1] == [91, 92, 93, 94], (
+        "each depth must draft the successor of the token drafted just above it"
+    )
 
 
 def test_candidate_tree_is_ancestor_closed_and_ranked():
@@ -116,7 +151,14 @@ def test_candidate_tree_is_ancestor_closed_and_ranked():
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
     tokens = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        cache, root = commit_pairs(drafter, DrafterCache.empty(drafter, tokens.device, torch.float32), target_features(base, tokens)[:8], tokens[1:], embed, lm_head)
+        cache, root = commit_pairs(
+            drafter,
+            DrafterCache.empty(drafter, tokens.device, torch.float32),
+            target_features(base, tokens)[:8],
+            tokens[1:],
+            embed,
+            lm_head,
+        )
         candidates = grow_candidates(drafter, cache, root, int(tokens[-1]), embed, lm_head, depth=4, topk=3)
     assert len(candidates.tokens) == 1 + 3 + 3 * 9  # k at depth 1, then k x k children per further depth
     ranked = ranked_nodes(candidates)
@@ -162,7 +204,9 @@ def test_objective_counts_chain_accuracy_of_a_successor_oracle():
     """On text that is a successor chain, the successor drafter is right at every depth: chain accuracy 1."""
     base = tiny_base_model("llama")
     drafter = successor_drafter(base)
-    objective = DrafterObjective(drafter, base.get_output_embeddings(), base.get_input_embeddings(), LossSettings(weights=[1.0, 0.8, 0.6]))
+    objective = DrafterObjective(
+        drafter, base.get_output_embeddings(), base.get_input_embeddings(), LossSettings(weights=[1.0, 0.8, 0.6])
+    )
     input_ids = (torch.arange(20) + 30)[None]
     loss_mask = torch.ones_like(input_ids, dtype=torch.bool)
     hidden = target_features(base, input_ids[0])[None]

@@ -6,6 +6,8 @@ import dataclasses
 
 import pytest
 import torch
+from exact_distribution import ALPHA, NEW_TOKENS, NUM_SAMPLES, PROMPT, VOCAB, chi_square_p_value, exact_distribution
+from tiny_models import FAMILIES, plain_greedy, tiny_base_model
 
 from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, generate
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
@@ -13,8 +15,6 @@ from medusa_lite.drafter_proposer import SequentialDrafterProposer
 from medusa_lite.drafter_tree import DrafterCache, commit_pairs
 from medusa_lite.errors import IncompatibleHeadsError
 from medusa_lite.proposers import default_lookups
-from exact_distribution import ALPHA, NEW_TOKENS, NUM_SAMPLES, PROMPT, VOCAB, chi_square_p_value, exact_distribution
-from tiny_models import FAMILIES, plain_greedy, tiny_base_model
 
 
 def random_drafter(base, *, depth: int = 3, seed: int = 2, scale: float = 0.3) -> SequentialDrafter:
@@ -48,7 +48,13 @@ def successor_pair(family: str, depth: int = 4, vocab_size: int = 128):
     with torch.no_grad():
         for parameter in drafter.parameters():
             parameter.zero_()
-        for norm in (drafter.feature_norm, drafter.token_norm, drafter.attention_norm, drafter.mlp_norm, drafter.output_norm):
+        for norm in (
+            drafter.feature_norm,
+            drafter.token_norm,
+            drafter.attention_norm,
+            drafter.mlp_norm,
+            drafter.output_norm,
+        ):
             norm.weight.fill_(1.0)
         drafter.fuse.weight[:, hidden:] = torch.eye(hidden)
     return base, drafter.eval()
@@ -70,11 +76,18 @@ def test_drafter_accepts_its_whole_depth_when_it_is_right(family):
 def test_greedy_output_is_the_targets_with_drafter_and_lookups(family):
     base = tiny_base_model(family, logit_scale=4.0)
     drafter = random_drafter(base)
-    model = MedusaModel(base, None, proposers=(default_lookups(), SequentialDrafterProposer(drafter, topk=3, max_new_nodes=10)))
-    for prompt in (torch.tensor([[5, 17, 5, 17, 99]]), torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(7))):
+    model = MedusaModel(
+        base, None, proposers=(default_lookups(), SequentialDrafterProposer(drafter, topk=3, max_new_nodes=10))
+    )
+    for prompt in (
+        torch.tensor([[5, 17, 5, 17, 99]]),
+        torch.randint(0, 128, (1, 30), generator=torch.Generator().manual_seed(7)),
+    ):
         out = generate(model, prompt, 40, eos_token_id=[])
         assert torch.equal(out.sequences, plain_greedy(base, prompt, 40, eos_token_id=None))
-        assert out.stats.verified_rows > 3 * len(out.stats.tokens_per_step), "the drafter must have proposed nodes every step"
+        assert out.stats.verified_rows > 3 * len(out.stats.tokens_per_step), (
+            "the drafter must have proposed nodes every step"
+        )
 
 
 def test_drafter_cache_after_generation_equals_one_pass_over_the_text():
@@ -98,7 +111,14 @@ def test_drafter_cache_after_generation_equals_one_pass_over_the_text():
     assert 4 <= length < tokens.numel() - 1 and length >= tokens.numel() - 1 - (drafter.config.depth + 1)
     with torch.no_grad():
         hidden = base(tokens[None], output_hidden_states=True).hidden_states[-1][0]
-        whole, _ = commit_pairs(drafter, DrafterCache.empty(drafter, tokens.device, torch.float32), hidden[:length], tokens[1 : length + 1], base.get_input_embeddings(), base.get_output_embeddings())
+        whole, _ = commit_pairs(
+            drafter,
+            DrafterCache.empty(drafter, tokens.device, torch.float32),
+            hidden[:length],
+            tokens[1 : length + 1],
+            base.get_input_embeddings(),
+            base.get_output_embeddings(),
+        )
     torch.testing.assert_close(cache.keys, whole.keys, rtol=1e-4, atol=1e-4)
 
 
@@ -121,7 +141,16 @@ def drafter_counts(base, proposers, settings, n, seed):
     generator = torch.Generator().manual_seed(seed)
     counts, rows = {}, 0
     for _ in range(n):
-        out = generate(model, PROMPT, NEW_TOKENS, temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p, generator=generator, eos_token_id=[])
+        out = generate(
+            model,
+            PROMPT,
+            NEW_TOKENS,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            generator=generator,
+            eos_token_id=[],
+        )
         outcome = tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
         counts[outcome] = counts.get(outcome, 0) + 1
         rows += out.stats.verified_rows - len(out.stats.tokens_per_step)
@@ -144,7 +173,9 @@ def test_drafter_sampling_matches_exact_target_distribution(sampling_model, sett
     """3,000 samples of the first 4 tokens vs the enumerated target distribution, chi-square at alpha 1e-3
     (the same test rejects a 20% temperature error: test_drafter_chi_square_has_power below)."""
     base, drafter = sampling_model
-    proposers = ((default_lookups(3, datastore=None),) if with_lookups else ()) + (SequentialDrafterProposer(drafter, **proposer_kwargs),)
+    proposers = ((default_lookups(3, datastore=None),) if with_lookups else ()) + (
+        SequentialDrafterProposer(drafter, **proposer_kwargs),
+    )
     counts, drafted_rows = drafter_counts(base, proposers, settings, NUM_SAMPLES, seed=1)
     assert drafted_rows > NUM_SAMPLES, "the drafter must have proposed guesses"
     p_value = chi_square_p_value(counts, exact_distribution(base, settings), NUM_SAMPLES)
@@ -154,5 +185,11 @@ def test_drafter_sampling_matches_exact_target_distribution(sampling_model, sett
 def test_drafter_chi_square_has_power(sampling_model):
     """Samples from T=0.8 through the drafter path are rejected against the T=1.0 distribution."""
     base, drafter = sampling_model
-    counts, _ = drafter_counts(base, (SequentialDrafterProposer(drafter, topk=3, max_new_nodes=9),), SamplingSettings(0.8), NUM_SAMPLES, seed=2)
+    counts, _ = drafter_counts(
+        base,
+        (SequentialDrafterProposer(drafter, topk=3, max_new_nodes=9),),
+        SamplingSettings(0.8),
+        NUM_SAMPLES,
+        seed=2,
+    )
     assert chi_square_p_value(counts, exact_distribution(base, SamplingSettings(1.0)), NUM_SAMPLES) < ALPHA

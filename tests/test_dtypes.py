@@ -29,7 +29,11 @@ def test_an_unknown_name_is_a_clear_error():
     assert isinstance(error.value, MedusaError)
 
 
-@pytest.mark.parametrize("parser", [build_parser(), benchmark.build_parser(), calibrate.build_parser()], ids=["generate", "benchmark", "calibrate"])
+@pytest.mark.parametrize(
+    "parser",
+    [build_parser(), benchmark.build_parser(), calibrate.build_parser()],
+    ids=["generate", "benchmark", "calibrate"],
+)
 def test_commands_accept_every_spelling(parser):
     for name in DTYPE_CHOICES:
         assert parser.parse_args(["--dtype", name]).dtype == name

@@ -4,12 +4,12 @@ import json
 
 import pytest
 import torch
+from tiny_models import OracleMedusaModel, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
-from medusa_lite import DynamicTree, MedusaModel, Tree, TreeError, generate
+from medusa_lite import DynamicTree, Tree, TreeError, generate
 from medusa_lite.dynamic_tree import UNMEASURED_ROW_COSTS, chain_prefixes, chain_ranks, row_costs_from_table
 from medusa_lite.loading import read_tree_file, write_tree_file
 from medusa_lite.tree import best_tree, ranked_paths
-from tiny_models import OracleMedusaModel, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
 FLAT_COSTS = (1.0,) * 32  # every row free: a step keeps all the nodes it may
 CONFIDENT = [[0.9, 0.05, 0.03], [0.8, 0.1, 0.05], [0.7, 0.1, 0.05]]
@@ -83,7 +83,11 @@ def test_costs_are_made_monotone_and_extrapolated():
     assert policy.row_costs == pytest.approx((1.0, 1.15, 1.15, 1.3))  # the dip averaged away
     assert policy.cost(8) == pytest.approx(2.6)
     assert DynamicTree(5, (1.0, 1.3, 1.1, 1.0, 1.4)).row_costs == pytest.approx((1.0, 3.4 / 3, 3.4 / 3, 3.4 / 3, 1.4))
-    table = [{"num_nodes": 1, "relative_cost": 1.0}, {"num_nodes": 4, "relative_cost": 1.2}, {"num_nodes": 8, "relative_cost": 1.6}]
+    table = [
+        {"num_nodes": 1, "relative_cost": 1.0},
+        {"num_nodes": 4, "relative_cost": 1.2},
+        {"num_nodes": 8, "relative_cost": 1.6},
+    ]
     assert row_costs_from_table(table, 10) == pytest.approx((1.0, 1.2, 1.2, 1.2, 1.6, 1.6, 1.6, 1.6, 1.8, 2.0))
 
 

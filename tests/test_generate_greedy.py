@@ -2,9 +2,9 @@
 
 import pytest
 import torch
+from tiny_models import FAMILIES, OracleMedusaModel, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import MedusaModel, Tree, default_tree, generate
-from tiny_models import FAMILIES, OracleMedusaModel, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
 TREES = {
     "default": None,
@@ -84,7 +84,9 @@ def test_oracle_heads_accept_full_depth_every_step(family):
     assert out.stats.tokens_per_step[:-1] == [full_step] * (out.stats.steps - 1)
     assert out.stats.steps == -(-(MAX_NEW_TOKENS - 1) // full_step)
     assert out.stats.mean_accepted_tokens == pytest.approx(MAX_NEW_TOKENS / (out.stats.steps + 1))
-    assert out.stats.mean_tokens_per_step == pytest.approx((MAX_NEW_TOKENS - 1) / out.stats.steps)  # Spec-Bench's count
+    assert out.stats.mean_tokens_per_step == pytest.approx(
+        (MAX_NEW_TOKENS - 1) / out.stats.steps
+    )  # Spec-Bench's count
     assert out.stats.accepted_at_depth[tree.depth - 1] >= out.stats.steps - 1
 
 
@@ -106,7 +108,9 @@ def test_target_called_once_per_step_and_cache_holds_committed_tokens():
             pass
 
     cache_lengths = []
-    handle = base.register_forward_pre_hook(lambda mod, args, kwargs: cache_lengths.append(kwargs["cache"].get_seq_length()), with_kwargs=True)
+    handle = base.register_forward_pre_hook(
+        lambda mod, args, kwargs: cache_lengths.append(kwargs["cache"].get_seq_length()), with_kwargs=True
+    )
     try:
         out = generate(oracle, prompt, 30, tree=[(0,), (0, 0), (1,)], streamer=Recorder())
     finally:

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import GenerationInputError, MedusaModel, UnsupportedModelError, generate
-from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,9 @@ PROMPT = torch.tensor([[1, 2, 3]])
     ],
 )
 def test_bad_sampling_settings(model, kwargs, message):
-    with pytest.raises(GenerationInputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+    with pytest.raises(
+        GenerationInputError, match=message.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")
+    ):
         generate(model, PROMPT, 5, **kwargs)
 
 

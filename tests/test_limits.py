@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import GenerationInputError, MedusaModel, generate
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
-from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
 
 MAX_POSITIONS = 40
 LONG_RUN_TOKENS = 2000
@@ -14,7 +14,10 @@ LONG_RUN_TOKENS = 2000
 def test_context_overflow_raises_before_starting():
     base = tiny_base_model("llama", vocab_size=64, max_position_embeddings=MAX_POSITIONS)
     model = MedusaModel(base, random_heads(base, 3))
-    with pytest.raises(GenerationInputError, match=r"prompt of 30 tokens \+ max_new_tokens=20 exceeds the model's context of 40 positions.*at most 10"):
+    with pytest.raises(
+        GenerationInputError,
+        match=r"prompt of 30 tokens \+ max_new_tokens=20 exceeds the model's context of 40 positions.*at most 10",
+    ):
         generate(model, torch.ones(1, 30, dtype=torch.long), 20)
 
 
@@ -25,7 +28,12 @@ def test_generation_up_to_the_last_position_is_exact():
     expected = plain_greedy(base, prompt, MAX_POSITIONS - 10)
     oracle = OracleMedusaModel(base, random_heads(base, 4), expected[0])
     positions = []
-    handle = base.register_forward_pre_hook(lambda m, a, kw: positions.append(int(kw["position_ids"].max())) if kw.get("position_ids") is not None else None, with_kwargs=True)
+    handle = base.register_forward_pre_hook(
+        lambda m, a, kw: (
+            positions.append(int(kw["position_ids"].max())) if kw.get("position_ids") is not None else None
+        ),
+        with_kwargs=True,
+    )
     try:
         out = generate(oracle, prompt, MAX_POSITIONS - 10, tree=[(0,), (0, 0), (0, 0, 0), (0, 0, 0, 0)])
     finally:
@@ -68,7 +76,7 @@ def test_eos_anywhere_ends_generation_exactly_there(where):
     base = tiny_base_model("llama", vocab_size=64, seed=5)
     prompt = torch.tensor([[3, 1, 4, 1, 5]])
     reference = plain_greedy(base, prompt, 30, eos_token_id=[])[0]
-    new = reference[prompt.shape[1]:]
+    new = reference[prompt.shape[1] :]
     # The first token, by position, whose first occurrence has the role asked for: decoding stops there.
     index = next((i for i in first_occurrences(new) if role_in_oracle_run(i) == where), None)
     assert index is not None, f"no token of the reference is first seen at a {where} position: pick another seed"
@@ -116,7 +124,9 @@ def test_long_generation_keeps_cache_bounded_by_committed_tokens():
         cache = kwargs["cache"]
         captured.setdefault("max_storage", 0)
         captured["cache"] = cache
-        captured["max_storage"] = max(captured["max_storage"], sum(layer.keys.untyped_storage().nbytes() for layer in cache.layers))
+        captured["max_storage"] = max(
+            captured["max_storage"], sum(layer.keys.untyped_storage().nbytes() for layer in cache.layers)
+        )
 
     handle = base.register_forward_hook(grab, with_kwargs=True)
     try:
@@ -130,4 +140,6 @@ def test_long_generation_keeps_cache_bounded_by_committed_tokens():
     layer = cache.layers[0]
     bytes_per_position = layer.keys.shape[1] * layer.keys.shape[-1] * layer.keys.element_size()
     # Storage is reserved once for the prompt, the new tokens and the widest step (tree + lookup chain), never more.
-    assert captured["max_storage"] <= len(cache.layers) * bytes_per_position * (length + out.stats.tree_nodes + DEFAULT_LOOKUP_TOKENS)
+    assert captured["max_storage"] <= len(cache.layers) * bytes_per_position * (
+        length + out.stats.tree_nodes + DEFAULT_LOOKUP_TOKENS
+    )

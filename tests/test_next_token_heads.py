@@ -158,13 +158,23 @@ def pair_answer(rng: random.Random) -> str:
 @pytest.fixture(scope="module")
 def pair_data(tmp_path_factory):
     rng = random.Random(0)
-    records = [{"conversations": [{"from": "human", "value": rng.choice(QUESTIONS)}, {"from": "gpt", "value": pair_answer(rng)}]} for _ in range(PAIR_RECORDS)]
+    records = [
+        {
+            "conversations": [
+                {"from": "human", "value": rng.choice(QUESTIONS)},
+                {"from": "gpt", "value": pair_answer(rng)},
+            ]
+        }
+        for _ in range(PAIR_RECORDS)
+    ]
     return write_records(tmp_path_factory.mktemp("pairs") / "pairs.jsonl", records)
 
 
 def trained_head1_top1(tiny_target, pair_data, output_dir, next_token_input: bool) -> float:
     """Held-out head-1 top-1 accuracy of a short training run; checks the saved config too."""
-    run = train_heads.main(tiny_argv(tiny_target, pair_data, output_dir, next_token_input=next_token_input, max_steps=80))
+    run = train_heads.main(
+        tiny_argv(tiny_target, pair_data, output_dir, next_token_input=next_token_input, max_steps=80)
+    )
     assert MedusaHeads.from_pretrained(run.heads_dir).config.next_token_input is next_token_input
     return run.summary["top1_accuracy"][0]
 
@@ -174,7 +184,9 @@ def test_training_learns_what_plain_heads_cannot(tiny_target, pair_data, tmp_pat
     plain = trained_head1_top1(tiny_target, pair_data, tmp_path / "plain", next_token_input=False)
     reading = trained_head1_top1(tiny_target, pair_data, tmp_path / "reading", next_token_input=True)
     assert plain < 0.35, f"plain heads cannot know the next word, yet head-1 top-1 is {plain:.2f}"
-    assert reading > 0.45 and reading > plain + 0.15, f"next-token heads: head-1 top-1 {reading:.2f} vs plain {plain:.2f}"
+    assert reading > 0.45 and reading > plain + 0.15, (
+        f"next-token heads: head-1 top-1 {reading:.2f} vs plain {plain:.2f}"
+    )
 
 
 def test_model_card_states_the_next_token_input_and_counts_every_parameter():

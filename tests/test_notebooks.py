@@ -18,7 +18,9 @@ def run_notebook(name: str, parameters: str, workdir: Path) -> nbformat.Notebook
     cells = [c for c in notebook.cells if "parameters" in c.metadata.get("tags", [])]
     assert len(cells) == 1, f"{name} needs exactly one cell tagged 'parameters'"
     cells[0].source = parameters
-    NotebookClient(notebook, timeout=TIMEOUT_SECONDS, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}).execute()
+    NotebookClient(
+        notebook, timeout=TIMEOUT_SECONDS, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+    ).execute()
     return notebook
 
 
@@ -29,7 +31,9 @@ def outputs_text(notebook) -> str:
 @pytest.mark.slow
 def test_quickstart_runs_on_a_tiny_model(tmp_path):
     model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
-    parameters = f'MODEL = "{model_dir}"\nHEADS = "{heads_dir}"\nDTYPE = "fp32"\nMAX_NEW_TOKENS = 24\nPROMPT = "hello there"'
+    parameters = (
+        f'MODEL = "{model_dir}"\nHEADS = "{heads_dir}"\nDTYPE = "fp32"\nMAX_NEW_TOKENS = 24\nPROMPT = "hello there"'
+    )
     notebook = run_notebook("quickstart.ipynb", parameters, tmp_path)
     text = outputs_text(notebook)
     assert "identical: True" in text and "mean accepted tokens per target call" in text

@@ -41,7 +41,9 @@ from medusa_lite.prepack import (
     unpack_linears,
 )
 
-pytestmark = pytest.mark.skipif(default_backend() is None, reason="neither the row_gemm kernel nor MKL's packed ops are available")
+pytestmark = pytest.mark.skipif(
+    default_backend() is None, reason="neither the row_gemm kernel nor MKL's packed ops are available"
+)
 
 IN_FEATURES, OUT_FEATURES = 24, 40
 PACKED_ROWS = 8
@@ -108,7 +110,14 @@ def layers_of_type(model: nn.Module, kind: type) -> list[nn.Module]:
 def tiny_tied_model() -> nn.Module:
     """A tiny fp32 llama whose lm_head shares the input embedding's weight."""
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB_SIZE, **TINY_SIZES, tie_word_embeddings=True, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        **TINY_SIZES,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+    )
     return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32).eval()
 
 
@@ -146,7 +155,9 @@ def test_prepacked_linear_matches_f_linear_for_every_row_count(bias, backend, pa
                 output = packed(inputs)
                 assert output.shape == expected.shape
                 if rows in packed_range:
-                    assert packed_calls[calls_before:] == [multiplied_rows(backend, rows)], f"{rows} rows: packed path not taken"
+                    assert packed_calls[calls_before:] == [multiplied_rows(backend, rows)], (
+                        f"{rows} rows: packed path not taken"
+                    )
                     torch.testing.assert_close(output, expected, **FLOAT32_TOLERANCE)
                 else:
                     assert len(packed_calls) == calls_before, f"{rows} rows: packed path taken"
@@ -176,7 +187,9 @@ def test_gradients_take_the_plain_path(backend, packed_calls):
         assert torch.equal(packed_grad, plain_grad)
     with torch.no_grad():
         packed(inputs)
-    assert packed_calls == [multiplied_rows(backend, PACKED_ROWS - 1)]  # without grad the same input takes the packed path
+    assert packed_calls == [
+        multiplied_rows(backend, PACKED_ROWS - 1)
+    ]  # without grad the same input takes the packed path
 
 
 # -- prepack_linears / unpack_linears ----------------------------------------------------------
@@ -196,7 +209,9 @@ def test_prepack_linears_swaps_layers_and_keeps_parameters(backend):
     repacked_rows = PACKED_ROWS + 4
     assert prepack_linears(base, repacked_rows, backend) == num_linears
     layers = layers_of_type(base, PrepackedLinear)
-    assert len(layers) == num_linears and all(layer.rows == repacked_rows and not list(layer.children()) for layer in layers)
+    assert len(layers) == num_linears and all(
+        layer.rows == repacked_rows and not list(layer.children()) for layer in layers
+    )
     assert weight_pointers(base) == pointers
 
     unpack_linears(base)
@@ -246,14 +261,20 @@ def test_packed_from_rows_sends_one_row_through_the_kernel_and_restores_the_mini
     require_row_gemm()
     calls = []
     original = medusa_lite.prepack.row_gemm
-    monkeypatch.setattr(medusa_lite.prepack, "row_gemm", lambda inputs, packed, out: calls.append(inputs.shape[0]) or original(inputs, packed, out))
+    monkeypatch.setattr(
+        medusa_lite.prepack,
+        "row_gemm",
+        lambda inputs, packed, out: calls.append(inputs.shape[0]) or original(inputs, packed, out),
+    )
     linear = linear_layer(bias=True)
     packed = PrepackedLinear(linear, PACKED_ROWS, ROW_GEMM)
     one_row = torch.randn(1, IN_FEATURES, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         assert torch.equal(packed(one_row), F.linear(one_row, linear.weight, linear.bias)) and calls == []
         with packed_from_rows(packed, 1):
-            torch.testing.assert_close(packed(one_row), F.linear(one_row, linear.weight, linear.bias), **FLOAT32_TOLERANCE)
+            torch.testing.assert_close(
+                packed(one_row), F.linear(one_row, linear.weight, linear.bias), **FLOAT32_TOLERANCE
+            )
         assert calls == [1]
         packed(one_row)
     assert calls == [1] and packed.min_rows == BACKEND_MIN_ROWS[ROW_GEMM], "the minimum was not restored"
@@ -299,7 +320,11 @@ def test_draft_lm_head_packs_for_the_heads_rows(monkeypatch):
     require_row_gemm()
     calls = []
     original = medusa_lite.prepack.row_gemm
-    monkeypatch.setattr(medusa_lite.prepack, "row_gemm", lambda inputs, packed, out: calls.append(inputs.shape[0]) or original(inputs, packed, out))
+    monkeypatch.setattr(
+        medusa_lite.prepack,
+        "row_gemm",
+        lambda inputs, packed, out: calls.append(inputs.shape[0]) or original(inputs, packed, out),
+    )
     base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
     head = DraftLMHead(base.lm_head, torch.arange(0, VOCAB_SIZE, 3))
     head.pack_for_few_rows(4)
@@ -308,11 +333,17 @@ def test_draft_lm_head_packs_for_the_heads_rows(monkeypatch):
         for rows in (1, 4):
             torch.testing.assert_close(head(hidden[:rows]), F.linear(hidden[:rows], head.weight), **FLOAT32_TOLERANCE)
         assert calls == [1, 4]
-        assert torch.equal(head(hidden), F.linear(hidden, head.weight)) and calls == [1, 4], "more rows than packed for"
-    assert torch.equal(head(hidden[:2]), F.linear(hidden[:2], head.weight)) and calls == [1, 4], "gradients take the usual path"
+        assert torch.equal(head(hidden), F.linear(hidden, head.weight)) and calls == [1, 4], (
+            "more rows than packed for"
+        )
+    assert torch.equal(head(hidden[:2]), F.linear(hidden[:2], head.weight)) and calls == [1, 4], (
+        "gradients take the usual path"
+    )
     with torch.inference_mode():
         head.weight.mul_(2.0)
-        assert torch.equal(head(hidden[:2]), F.linear(hidden[:2], head.weight)) and calls == [1, 4], "a stale packed copy was used"
+        assert torch.equal(head(hidden[:2]), F.linear(hidden[:2], head.weight)) and calls == [1, 4], (
+            "a stale packed copy was used"
+        )
 
 
 def test_load_packs_the_draft_projection_with_the_target(tmp_path):
@@ -333,13 +364,18 @@ def test_greedy_on_a_prepacked_model_matches_plain_greedy(family, backend, packe
     base = tiny_base_model(family, vocab_size=VOCAB_SIZE, seed=3)
     model = MedusaModel(base, random_heads(base, num_heads=3, seed=4), tree=WIDE_TREE)
     generator = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(0, VOCAB_SIZE, (1, int(torch.randint(1, 20, (1,), generator=generator))), generator=generator) for _ in range(NUM_PROMPTS)]
+    prompts = [
+        torch.randint(0, VOCAB_SIZE, (1, int(torch.randint(1, 20, (1,), generator=generator))), generator=generator)
+        for _ in range(NUM_PROMPTS)
+    ]
     expected = [plain_greedy(base, prompt, MAX_NEW_TOKENS) for prompt in prompts]  # before packing
 
     rows = WIDE_TREE.num_nodes + DEFAULT_LOOKUP_TOKENS
     prepack_linears(base, rows, backend)
     for prompt, reference in zip(prompts, expected):
-        assert torch.equal(generate(model, prompt, MAX_NEW_TOKENS).sequences, reference), f"{family}: diverged from plain greedy"
+        assert torch.equal(generate(model, prompt, MAX_NEW_TOKENS).sequences, reference), (
+            f"{family}: diverged from plain greedy"
+        )
     assert packed_calls, "verification never took the packed path"
     assert max(packed_calls) <= rows and (backend == ROW_GEMM or set(packed_calls) == {rows})
 
@@ -385,7 +421,9 @@ def test_cli_no_prepack_flag_reaches_load(checkpoint, monkeypatch, capsys):
 
 def test_machine_info_records_prepacked_rows(checkpoint):
     model, _ = load(checkpoint[0], heads=checkpoint[1])
-    assert machine_info(torch.float32, model.base_model)["prepacked_rows"] == prepacked_rows(model.base_model) is not None
+    assert (
+        machine_info(torch.float32, model.base_model)["prepacked_rows"] == prepacked_rows(model.base_model) is not None
+    )
     assert machine_info(torch.float32, model.base_model)["prepack_backend"] == default_backend()
     assert "prepacked_rows" not in machine_info(torch.float32)  # the old call form still works
     unpack_linears(model.base_model)
@@ -397,9 +435,20 @@ def test_benchmark_records_prepacking(checkpoint, tmp_path, flags):
     from medusa_lite.commands import benchmark
 
     questions_file = tmp_path / "questions.jsonl"
-    questions_file.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["What is the capital city of France?"]}) + "\n")
+    questions_file.write_text(
+        json.dumps({"question_id": 1, "category": "qa", "turns": ["What is the capital city of France?"]}) + "\n"
+    )
     out = tmp_path / "bench"
-    args = ["--model", str(checkpoint[0]), "--heads", str(checkpoint[1]), "--questions", str(questions_file), "--methods", "heads"]
+    args = [
+        "--model",
+        str(checkpoint[0]),
+        "--heads",
+        str(checkpoint[1]),
+        "--questions",
+        str(questions_file),
+        "--methods",
+        "heads",
+    ]
     assert benchmark.main([*args, "--max-new-tokens", "4", "--threads", "1", "--out", str(out), *flags]) == 0
     results = json.loads((out / "results.json").read_text())
     expected = None if flags else results["tree_nodes"] + DEFAULT_LOOKUP_TOKENS
@@ -412,17 +461,46 @@ def test_benchmark_plain_kernel_method(checkpoint, tmp_path):
     from medusa_lite.commands import benchmark
 
     questions_file = tmp_path / "questions.jsonl"
-    questions_file.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["What is the capital city of France?"]}) + "\n")
-    args = ["--model", str(checkpoint[0]), "--heads", str(checkpoint[1]), "--questions", str(questions_file), "--methods", "plain_kernel", "heads"]
+    questions_file.write_text(
+        json.dumps({"question_id": 1, "category": "qa", "turns": ["What is the capital city of France?"]}) + "\n"
+    )
+    args = [
+        "--model",
+        str(checkpoint[0]),
+        "--heads",
+        str(checkpoint[1]),
+        "--questions",
+        str(questions_file),
+        "--methods",
+        "plain_kernel",
+        "heads",
+    ]
     out = tmp_path / "bench"
     assert benchmark.main([*args, "--max-new-tokens", "6", "--threads", "1", "--out", str(out)]) == 0
     overall = json.loads((out / "results.json").read_text())["summary"]["overall"]
     kernel, heads = overall["plain_kernel"], overall["heads"]
     assert kernel["mean_accepted_tokens"] == 1.0 and kernel["new_tokens"] == overall["plain"]["new_tokens"]
     assert heads["speedup_vs_plain_kernel"] == pytest.approx(kernel["seconds"] / heads["seconds"])
-    assert overall["plain"]["speedup_vs_plain_kernel"] == pytest.approx(kernel["seconds"] / overall["plain"]["seconds"])
+    assert overall["plain"]["speedup_vs_plain_kernel"] == pytest.approx(
+        kernel["seconds"] / overall["plain"]["seconds"]
+    )
     assert f"heads only {heads['speedup_vs_plain_kernel']:.2f}x" in (out / "results.md").read_text()
-    assert main(["benchmark", *args, "--max-new-tokens", "6", "--threads", "1", "--out", str(tmp_path / "no"), "--no-prepack"]) == 2
+    assert (
+        main(
+            [
+                "benchmark",
+                *args,
+                "--max-new-tokens",
+                "6",
+                "--threads",
+                "1",
+                "--out",
+                str(tmp_path / "no"),
+                "--no-prepack",
+            ]
+        )
+        == 2
+    )
 
 
 def test_a_changed_weight_is_never_multiplied_by_its_stale_packed_copy(backend, packed_calls):

@@ -8,9 +8,9 @@ exactly the committed tokens but the newest (the tree root).
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import MedusaModel, SamplingSettings, generate, logits_to_probs
-from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 VOCAB = 48
 NUM_HEADS = 3
@@ -54,7 +54,9 @@ def run_with_cache_check(prompt, max_new_tokens, **kwargs):
         def end(self):
             pass
 
-    handle = BASE.register_forward_pre_hook(lambda m, a, kw: cache_lengths.append(kw["cache"].get_seq_length()), with_kwargs=True)
+    handle = BASE.register_forward_pre_hook(
+        lambda m, a, kw: cache_lengths.append(kw["cache"].get_seq_length()), with_kwargs=True
+    )
     try:
         out = generate(MODEL, prompt, max_new_tokens, streamer=Recorder(), **kwargs)
     finally:
@@ -77,10 +79,16 @@ def run_with_cache_check(prompt, max_new_tokens, **kwargs):
 def test_generate_is_exact_for_random_inputs(tree, prompt, max_new_tokens, sampling, eos, seed):
     prompt = torch.tensor([prompt])
     out = run_with_cache_check(
-        prompt, max_new_tokens, tree=tree, eos_token_id=eos, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+        prompt,
+        max_new_tokens,
+        tree=tree,
+        eos_token_id=eos,
+        temperature=sampling.temperature,
+        top_k=sampling.top_k,
+        top_p=sampling.top_p,
         generator=torch.Generator().manual_seed(seed),
     )
-    new = out.sequences[0, prompt.shape[1]:]
+    new = out.sequences[0, prompt.shape[1] :]
     assert 1 <= new.numel() <= max_new_tokens
     if eos:
         hits = [i for i, t in enumerate(new.tolist()) if t in eos]

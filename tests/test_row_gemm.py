@@ -14,7 +14,10 @@ from medusa_lite.errors import UnsupportedModelError
 
 FLOAT32_TOLERANCE = dict(rtol=1e-5, atol=1e-5)
 
-needs_kernel = pytest.mark.skipif(kernels.row_gemm_unavailable_reason() is not None, reason=f"row_gemm unavailable: {kernels.row_gemm_unavailable_reason()}")
+needs_kernel = pytest.mark.skipif(
+    kernels.row_gemm_unavailable_reason() is not None,
+    reason=f"row_gemm unavailable: {kernels.row_gemm_unavailable_reason()}",
+)
 
 
 @needs_kernel
@@ -35,7 +38,9 @@ def test_row_gemm_takes_non_contiguous_inputs_and_leaves_them_unchanged():
     weight = torch.randn(50, 37)
     inputs = torch.randn(37, 6).t()
     before = inputs.clone()
-    torch.testing.assert_close(kernels.row_gemm(inputs, kernels.pack_for_row_gemm(weight), 50), F.linear(inputs, weight), **FLOAT32_TOLERANCE)
+    torch.testing.assert_close(
+        kernels.row_gemm(inputs, kernels.pack_for_row_gemm(weight), 50), F.linear(inputs, weight), **FLOAT32_TOLERANCE
+    )
     assert torch.equal(inputs, before)
 
 

@@ -46,7 +46,9 @@ def model():
 
 # Random documents: on 3 tokens every 2-gram occurs, so the datastore proposes whenever the text
 # itself has no 2-token match (the first steps).
-DATASTORE = Datastore.from_documents([torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(seed)) for seed in range(8)], VOCAB)
+DATASTORE = Datastore.from_documents(
+    [torch.randint(0, VOCAB, (12,), generator=torch.Generator().manual_seed(seed)) for seed in range(8)], VOCAB
+)
 
 
 @pytest.mark.parametrize(
@@ -64,18 +66,38 @@ DATASTORE = Datastore.from_documents([torch.randint(0, VOCAB, (12,), generator=t
         # A dynamic tree: each step's shape from the heads' confidence, with a lookup chain.
         (SamplingSettings(0.7), DYNAMIC_TREE, 3, None),
     ],
-    ids=["T1.0-full-tree", "T0.7-partial-tree", "T0.7-topk2", "T1.0-topp0.8", "T1.0-lookup-only", "T0.7-tree+lookup", "T0.7-tree+lookup+datastore", "T0.7-dynamic+lookup"],
+    ids=[
+        "T1.0-full-tree",
+        "T0.7-partial-tree",
+        "T0.7-topk2",
+        "T1.0-topp0.8",
+        "T1.0-lookup-only",
+        "T0.7-tree+lookup",
+        "T0.7-tree+lookup+datastore",
+        "T0.7-dynamic+lookup",
+    ],
 )
 def test_medusa_sampling_matches_exact_target_distribution(model, settings, tree, lookup_tokens, datastore):
     exact = exact_distribution(model.base_model, settings)
-    counts = sample_counts(model, settings, tree, NUM_SAMPLES, seed=1, lookup_tokens=lookup_tokens, datastore=datastore)
+    counts = sample_counts(
+        model, settings, tree, NUM_SAMPLES, seed=1, lookup_tokens=lookup_tokens, datastore=datastore
+    )
     p_value = chi_square_p_value(counts, exact, NUM_SAMPLES)
     assert p_value > ALPHA, f"medusa-lite samples differ from the target's distribution (p={p_value:.2e})"
 
 
 def test_full_tree_accepts_every_guess(model):
     """With every token a child, every sample is accepted: the step emits depth + 1 tokens."""
-    out = generate(model, PROMPT, NEW_TOKENS, temperature=1.0, tree=FULL_TREE, lookup_tokens=0, generator=torch.Generator().manual_seed(0), eos_token_id=[])
+    out = generate(
+        model,
+        PROMPT,
+        NEW_TOKENS,
+        temperature=1.0,
+        tree=FULL_TREE,
+        lookup_tokens=0,
+        generator=torch.Generator().manual_seed(0),
+        eos_token_id=[],
+    )
     assert out.stats.tokens_per_step == [3] and out.stats.target_calls == 2
 
 
@@ -91,7 +113,10 @@ def test_chi_square_has_power(model):
     assert chi_square_p_value(counts, exact, NUM_SAMPLES) < ALPHA
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.9), (0.5, 7, 0.6), (1.0, None, 0.05)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p",
+    [(1.0, None, None), (0.7, 5, None), (1.3, None, 0.9), (0.5, 7, 0.6), (1.0, None, 0.05)],
+)
 def test_logits_to_probs_matches_transformers_warpers(temperature, top_k, top_p):
     logits = torch.randn(6, 50, generator=torch.Generator().manual_seed(3)) * 3
     warpers = LogitsProcessorList([TemperatureLogitsWarper(temperature)])

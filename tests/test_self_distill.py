@@ -53,12 +53,26 @@ def full_run(tmp_path_factory, model_dir):
 
 
 def run_main(model_dir: Path, out: Path, num_samples: int = NUM_SAMPLES) -> dict:
-    return distill_command.main([
-        "--model", str(model_dir), "--dtype", "float32", "--out", str(out),
-        "--num-samples", str(num_samples), "--batch-size", str(SMALL_SETTINGS.batch_size),
-        "--max-prompt-tokens", str(SMALL_SETTINGS.max_prompt_tokens),
-        "--max-new-tokens", str(SMALL_SETTINGS.max_new_tokens), "--seed", str(SMALL_SETTINGS.seed),
-    ])
+    return distill_command.main(
+        [
+            "--model",
+            str(model_dir),
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+            "--num-samples",
+            str(num_samples),
+            "--batch-size",
+            str(SMALL_SETTINGS.batch_size),
+            "--max-prompt-tokens",
+            str(SMALL_SETTINGS.max_prompt_tokens),
+            "--max-new-tokens",
+            str(SMALL_SETTINGS.max_new_tokens),
+            "--seed",
+            str(SMALL_SETTINGS.seed),
+        ]
+    )
 
 
 def read_lines(path: Path) -> list[dict]:
@@ -199,8 +213,20 @@ def test_resume_with_other_settings_is_refused(tmp_path, model_dir):
     out = tmp_path / "distill.jsonl"
     run_main(model_dir, out, num_samples=2)
     with pytest.raises(SystemExit, match="other settings"):
-        distill_command.main(["--model", str(model_dir), "--dtype", "float32", "--out", str(out),
-                           "--num-samples", "2", "--max-new-tokens", "5"])
+        distill_command.main(
+            [
+                "--model",
+                str(model_dir),
+                "--dtype",
+                "float32",
+                "--out",
+                str(out),
+                "--num-samples",
+                "2",
+                "--max-new-tokens",
+                "5",
+            ]
+        )
 
 
 # ---------------------------------------------------------------- task openers
@@ -232,8 +258,22 @@ def test_opener_file_and_resume_check(tmp_path, model_dir):
     out = tmp_path / "tasks.jsonl"
 
     def argv(num_samples: int, openers: str) -> list[str]:
-        return ["--model", str(model_dir), "--dtype", "float32", "--out", str(out), "--num-samples", str(num_samples),
-                "--batch-size", "2", "--max-new-tokens", "4", "--task-openers", openers]
+        return [
+            "--model",
+            str(model_dir),
+            "--dtype",
+            "float32",
+            "--out",
+            str(out),
+            "--num-samples",
+            str(num_samples),
+            "--batch-size",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--task-openers",
+            openers,
+        ]
 
     distill_command.main(argv(2, str(openers_file)))
     questions = [record["conversations"][0]["value"] for record in read_lines(out)]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from tiny_tokenizer import make_tiny_tokenizer
+from training_fixtures import TINY_CONFIG, write_pattern_data
 
 from medusa_lite.training.config import config_from_dict, load_config
 from medusa_lite.training.data import load_training_data
 from medusa_lite.training.errors import TrainingDataError
-from tiny_tokenizer import make_tiny_tokenizer
-from training_fixtures import TINY_CONFIG, write_pattern_data
 
 SETTINGS = dict(max_length=512, eval_fraction=0.1, seed=0)
 

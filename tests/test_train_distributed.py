@@ -18,15 +18,19 @@ from pathlib import Path
 
 import pytest
 import torch
+import training_fixtures
 from safetensors.torch import load_file
+from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv
 
 from medusa_lite import MedusaHeads
 from medusa_lite.training import checkpoint as ckpt
-import training_fixtures
-from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
-tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread
+tiny_target, pattern_data, single_thread = (
+    training_fixtures.tiny_target,
+    training_fixtures.pattern_data,
+    training_fixtures.single_thread,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -42,9 +46,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(launch_args: list[str], train_args: list[str], env_extra: dict | None = None) -> subprocess.CompletedProcess:
+def launch(
+    launch_args: list[str], train_args: list[str], env_extra: dict | None = None
+) -> subprocess.CompletedProcess:
     env = {**subprocess_env(), **(env_extra or {})}
-    command = [str(ACCELERATE), "launch", *launch_args, "--main_process_port", str(free_port()), str(TRAIN_SCRIPT), *train_args]
+    command = [
+        str(ACCELERATE),
+        "launch",
+        *launch_args,
+        "--main_process_port",
+        str(free_port()),
+        str(TRAIN_SCRIPT),
+        *train_args,
+    ]
     done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
     assert done.returncode == 0, f"launch failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     return done
@@ -59,7 +73,17 @@ def rank_digests(output: str) -> list[str]:
 def test_two_cpu_processes_train_one_synchronised_copy(tiny_target, pattern_data, tmp_path):
     out = tmp_path / "out"
     done = launch(
-        ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"],
+        [
+            "--multi_gpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+        ],
         tiny_argv(tiny_target, pattern_data, out, max_steps=20, checkpoint_every=10),
         {"ACCELERATE_USE_CPU": "true"},
     )
@@ -74,7 +98,10 @@ def test_two_cpu_processes_train_one_synchronised_copy(tiny_target, pattern_data
 @pytest.mark.parametrize("stage", [2, 3])
 def test_deepspeed_zero_produces_loadable_heads(tiny_target, pattern_data, tmp_path, stage):
     out = tmp_path / "out"
-    done = launch(["--config_file", str(REPO_ROOT / "configs" / f"accelerate_deepspeed_zero{stage}.yaml")], tiny_argv(tiny_target, pattern_data, out, max_steps=20, checkpoint_every=10))
+    done = launch(
+        ["--config_file", str(REPO_ROOT / "configs" / f"accelerate_deepspeed_zero{stage}.yaml")],
+        tiny_argv(tiny_target, pattern_data, out, max_steps=20, checkpoint_every=10),
+    )
     heads = MedusaHeads.from_pretrained(out / "heads")
     summary = heads.config.training_summary
     assert summary["num_processes"] == 2 and summary["steps"] == 20 and summary["top1_accuracy"][0] > 0.3
@@ -93,7 +120,9 @@ def wait_for_line(log: Path, text: str, process: subprocess.Popen, timeout_s: fl
 
 
 def run_to_the_end(argv: list[str]) -> subprocess.CompletedProcess:
-    done = subprocess.run(argv, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    done = subprocess.run(
+        argv, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -150,8 +179,19 @@ def test_push_to_hub_uploads_the_trained_heads_byte_identical(tiny_target, patte
     out = tmp_path / "out"
     with HubServer() as hub:
         env = {k: v for k, v in subprocess_env().items() if not k.startswith("HF_") and "proxy" not in k.lower()}
-        env.update(HF_ENDPOINT=hub.url, HF_TOKEN="hf_loopback_test_token", HF_HOME=str(tmp_path / "hf-home"), NO_PROXY="127.0.0.1,localhost")
-        argv = [sys.executable, str(TRAIN_SCRIPT), *tiny_argv(tiny_target, pattern_data, out, max_steps=5), "--push_to_hub", "test-user/tiny-heads"]
+        env.update(
+            HF_ENDPOINT=hub.url,
+            HF_TOKEN="hf_loopback_test_token",
+            HF_HOME=str(tmp_path / "hf-home"),
+            NO_PROXY="127.0.0.1,localhost",
+        )
+        argv = [
+            sys.executable,
+            str(TRAIN_SCRIPT),
+            *tiny_argv(tiny_target, pattern_data, out, max_steps=5),
+            "--push_to_hub",
+            "test-user/tiny-heads",
+        ]
         done = subprocess.run(argv, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         files = hub.files("test-user/tiny-heads")

@@ -13,7 +13,11 @@ from medusa_lite.commands import train as train_heads
 from medusa_lite.drafter import DRAFTER_KIND, SequentialDrafter
 from medusa_lite.training import TrainingConfigError
 
-tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread
+tiny_target, pattern_data, single_thread = (
+    training_fixtures.tiny_target,
+    training_fixtures.pattern_data,
+    training_fixtures.single_thread,
+)
 
 CHANCE = 1 / TINY_VOCAB_SIZE
 
@@ -21,7 +25,11 @@ CHANCE = 1 / TINY_VOCAB_SIZE
 @pytest.fixture(scope="module")
 def trained(tiny_target, pattern_data, tmp_path_factory):
     torch.set_num_threads(1)
-    return train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path_factory.mktemp("run") / "out", drafter="sequential", learning_rate=3e-3))
+    return train_heads.main(
+        tiny_argv(
+            tiny_target, pattern_data, tmp_path_factory.mktemp("run") / "out", drafter="sequential", learning_rate=3e-3
+        )
+    )
 
 
 def test_drafter_learns_every_depth_on_held_out_data(trained):
@@ -31,7 +39,7 @@ def test_drafter_learns_every_depth_on_held_out_data(trained):
     assert len(top1) == len(chain) == 3
     assert chain[0] == pytest.approx(top1[0], abs=1e-4)  # depth 1 has no earlier depth
     assert all(c <= t + 1e-4 for c, t in zip(chain, top1)) and chain == sorted(chain, reverse=True)
-    assert chain[2] > 0.5, f"depth-3 chain accuracy {chain[2]} (chance {CHANCE ** 3:.2g})"
+    assert chain[2] > 0.5, f"depth-3 chain accuracy {chain[2]} (chance {CHANCE**3:.2g})"
     losses = [entry["train/loss"] for entry in trained.history if "train/loss" in entry]
     assert losses[-1] < 0.5 * losses[0]
 
@@ -41,13 +49,23 @@ def test_saved_drafter_loads_strictly_with_its_kind_and_summary(trained, tiny_ta
     assert drafter.config.kind == DRAFTER_KIND and drafter.config.depth == 3
     assert drafter.config.training_summary["chain_top1_accuracy"] == trained.summary["chain_top1_accuracy"]
     base = AutoModelForCausalLM.from_pretrained(tiny_target)
-    assert drafter.config.hidden_size == base.config.hidden_size and drafter.config.base_model_name_or_path == str(tiny_target)
+    assert drafter.config.hidden_size == base.config.hidden_size and drafter.config.base_model_name_or_path == str(
+        tiny_target
+    )
 
 
 def test_cached_hidden_states_cover_the_prompt_and_match_live_forwards(tiny_target, pattern_data, tmp_path):
     runs = {}
     for cached in (False, True):
-        argv = tiny_argv(tiny_target, pattern_data, tmp_path / f"cached-{cached}", drafter="sequential", max_steps=3, log_every=1, precompute_hidden=cached)
+        argv = tiny_argv(
+            tiny_target,
+            pattern_data,
+            tmp_path / f"cached-{cached}",
+            drafter="sequential",
+            max_steps=3,
+            log_every=1,
+            precompute_hidden=cached,
+        )
         runs[cached] = train_heads.main(argv)
     live, cached = ([e["train/loss"] for e in runs[c].history if "train/loss" in e] for c in (False, True))
     assert len(live) == len(cached) == 3
@@ -58,12 +76,23 @@ def test_cached_hidden_states_cover_the_prompt_and_match_live_forwards(tiny_targ
 
 def test_resume_continues_a_drafter_run(tiny_target, pattern_data, tmp_path):
     out = tmp_path / "out"
-    train_heads.main(tiny_argv(tiny_target, pattern_data, out, drafter="sequential", max_steps=30, checkpoint_every=15))
-    resumed = train_heads.main(tiny_argv(tiny_target, pattern_data, out, drafter="sequential", max_steps=45, checkpoint_every=15) + ["--resume"])
+    train_heads.main(
+        tiny_argv(tiny_target, pattern_data, out, drafter="sequential", max_steps=30, checkpoint_every=15)
+    )
+    resumed = train_heads.main(
+        tiny_argv(tiny_target, pattern_data, out, drafter="sequential", max_steps=45, checkpoint_every=15)
+        + ["--resume"]
+    )
     assert resumed.summary["steps"] == 45 and [e["step"] for e in resumed.history if "train/loss" in e][0] == 40
 
 
-@pytest.mark.parametrize(("overrides", "message"), [({"drafter": "hydra"}, "drafter must be one of"), ({"drafter": "sequential", "distill_weight": 0.5}, "distill_weight: 0")])
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"drafter": "hydra"}, "drafter must be one of"),
+        ({"drafter": "sequential", "distill_weight": 0.5}, "distill_weight: 0"),
+    ],
+)
 def test_bad_drafter_settings_are_refused(tiny_target, pattern_data, tmp_path, overrides, message):
     with pytest.raises(TrainingConfigError, match=message):
         train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "out", **overrides))

@@ -31,9 +31,18 @@ from medusa_lite.training.errors import (
 )
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
-tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread
+tiny_target, pattern_data, single_thread = (
+    training_fixtures.tiny_target,
+    training_fixtures.pattern_data,
+    training_fixtures.single_thread,
+)
 
-GOOD = {"conversations": [{"from": "human", "value": "Go on."}, {"from": "gpt", "value": "the and of is a to in sun water air the and"}]}
+GOOD = {
+    "conversations": [
+        {"from": "human", "value": "Go on."},
+        {"from": "gpt", "value": "the and of is a to in sun water air the and"},
+    ]
+}
 NO_ASSISTANT = {"conversations": [{"from": "human", "value": "Hello?"}, {"from": "human", "value": "Anyone?"}]}
 
 
@@ -98,7 +107,9 @@ def test_plain_text_needs_no_chat_template(tmp_path):
 
 def test_fewer_sequences_than_one_batch(tiny_target, tmp_path):
     data = write_records(tmp_path / "few.jsonl", [GOOD] * 3)
-    with pytest.raises(TrainingDataError, match=r"2 training sequences are fewer than one step's batch_size x processes = 8 x 1"):
+    with pytest.raises(
+        TrainingDataError, match=r"2 training sequences are fewer than one step's batch_size x processes = 8 x 1"
+    ):
         run(tiny_target, data, tmp_path / "out")
 
 
@@ -108,7 +119,9 @@ def test_fewer_sequences_than_one_batch(tiny_target, tmp_path):
 def test_typo_in_the_yaml_config(tmp_path):
     config = tmp_path / "typo.yaml"
     config.write_text(TINY_CONFIG.read_text() + "learnig_rate: 0.1\n")
-    with pytest.raises(TrainingConfigError, match=r"unknown config key\(s\) learnig_rate; known keys: .*learning_rate"):
+    with pytest.raises(
+        TrainingConfigError, match=r"unknown config key\(s\) learnig_rate; known keys: .*learning_rate"
+    ):
         train_heads.main(["--config", str(config)])
 
 
@@ -121,7 +134,9 @@ def test_processes_that_accelerate_does_not_synchronise_are_refused():
     from accelerate.utils import DistributedType
 
     fake = SimpleNamespace(num_processes=2, distributed_type=DistributedType.NO)
-    with pytest.raises(TrainingConfigError, match=r"2 processes but does not synchronise them.*ACCELERATE_USE_CPU=true"):
+    with pytest.raises(
+        TrainingConfigError, match=r"2 processes but does not synchronise them.*ACCELERATE_USE_CPU=true"
+    ):
         checks.check_processes_connected(fake)
 
 
@@ -169,7 +184,10 @@ def test_hidden_cache_larger_than_the_limit_is_refused(tiny_target, pattern_data
 
 def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tiny_target, pattern_data, tmp_path):
     out = tmp_path / "out"
-    with pytest.raises(NonFiniteLossError, match=r"loss is nan \(not finite\) at step 45 .*last good checkpoint is .*step-00000030 \(step 30\)"):
+    with pytest.raises(
+        NonFiniteLossError,
+        match=r"loss is nan \(not finite\) at step 45 .*last good checkpoint is .*step-00000030 \(step 30\)",
+    ):
         run(tiny_target, pattern_data, out, debug_nan_at_step=45)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-00000030"]
     weights = load_file(out / "checkpoints" / "step-00000030" / "model.safetensors")
@@ -194,11 +212,20 @@ def test_half_written_checkpoints_are_ignored_on_resume(tiny_target, pattern_dat
     (checkpoints / "step-00000050" / "COMPLETE").unlink()
     shutil.rmtree(out / "heads")
     capsys.readouterr()
-    resumed = train_heads.main(tiny_argv(tiny_target, pattern_data, out, max_steps=60, checkpoint_every=10) + ["--resume"])
+    resumed = train_heads.main(
+        tiny_argv(tiny_target, pattern_data, out, max_steps=60, checkpoint_every=10) + ["--resume"]
+    )
     log = capsys.readouterr().out
-    assert "ignored and removed an incomplete checkpoint (interrupted write)" in log and ".tmp-step-00000040" in log and "step-00000050" in log
+    assert (
+        "ignored and removed an incomplete checkpoint (interrupted write)" in log
+        and ".tmp-step-00000040" in log
+        and "step-00000050" in log
+    )
     assert "resuming from" in log and "step-00000030 at step 30/60" in log
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000050", "step-00000060"]  # rewritten complete; keep 2
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "step-00000050",
+        "step-00000060",
+    ]  # rewritten complete; keep 2
     assert resumed.summary["steps"] == 60 and resumed.summary["tokens_trained"] == reference.summary["tokens_trained"]
     final, expected = MedusaHeads.from_pretrained(resumed.heads_dir), MedusaHeads.from_pretrained(reference.heads_dir)
     for (name, a), (_, b) in zip(final.state_dict().items(), expected.state_dict().items()):

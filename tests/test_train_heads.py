@@ -10,16 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
-import medusa_lite.hub
-from medusa_lite import MedusaHeads, MedusaModel, load
-from medusa_lite.commands import train as train_heads
-from medusa_lite.training import load_trained
-from medusa_lite.training import loop
-from medusa_lite.training.data import TokenizedData, load_training_data
-from tiny_tokenizer import TINY_VOCAB_SIZE
 import training_fixtures
+from tiny_tokenizer import TINY_VOCAB_SIZE
 from training_fixtures import (
     REPO_ROOT,
     TRAIN_SCRIPT,
@@ -28,10 +20,20 @@ from training_fixtures import (
     write_distinct_pattern_data,
     write_pattern_data,
 )
+from transformers import AutoModelForCausalLM
 
+import medusa_lite.hub
+from medusa_lite import MedusaHeads, MedusaModel, load
+from medusa_lite.commands import train as train_heads
+from medusa_lite.training import load_trained, loop
+from medusa_lite.training.data import TokenizedData, load_training_data
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
-tiny_target, pattern_data, single_thread = training_fixtures.tiny_target, training_fixtures.pattern_data, training_fixtures.single_thread
+tiny_target, pattern_data, single_thread = (
+    training_fixtures.tiny_target,
+    training_fixtures.pattern_data,
+    training_fixtures.single_thread,
+)
 
 CHANCE = 1 / TINY_VOCAB_SIZE
 
@@ -102,7 +104,15 @@ def test_checkpoints_and_metrics_are_written(trained):
 def test_cached_hidden_states_give_the_same_losses_as_live_forwards(tiny_target, pattern_data, tmp_path):
     runs = {}
     for cached in (False, True):
-        argv = tiny_argv(tiny_target, pattern_data, tmp_path / f"cached-{cached}", max_steps=4, log_every=1, precompute_hidden=cached, distill_weight=0.5)
+        argv = tiny_argv(
+            tiny_target,
+            pattern_data,
+            tmp_path / f"cached-{cached}",
+            max_steps=4,
+            log_every=1,
+            precompute_hidden=cached,
+            distill_weight=0.5,
+        )
         runs[cached] = train_heads.main(argv)
     live, cached = ([e["train/loss"] for e in runs[c].history if "train/loss" in e] for c in (False, True))
     assert len(live) == len(cached) == 4
@@ -114,7 +124,11 @@ def test_cached_hidden_states_give_the_same_losses_as_live_forwards(tiny_target,
 def test_distillation_adds_a_nonnegative_kl_term(tiny_target, pattern_data, tmp_path):
     first_loss = {}
     for weight in (0.0, 1.0):
-        result = train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / f"kl-{weight}", max_steps=1, log_every=1, distill_weight=weight))
+        result = train_heads.main(
+            tiny_argv(
+                tiny_target, pattern_data, tmp_path / f"kl-{weight}", max_steps=1, log_every=1, distill_weight=weight
+            )
+        )
         first_loss[weight] = result.history[0]["train/loss"]
     assert first_loss[1.0] > first_loss[0.0]  # same weights at step 1: CE + KL > CE
 
@@ -127,8 +141,12 @@ def test_messages_records_train_like_sharegpt(tiny_target, tmp_path):
 
 def test_medusa2_trains_a_lora_adapter_with_the_heads_and_loads_back(tiny_target, pattern_data, tmp_path):
     lora = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"], "distill_weight": 1.0}
-    result = train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "out", max_steps=4, log_every=2, lora=lora, learning_rate=0.05))
-    assert result.adapter_dir == result.heads_dir / "adapter" and (result.adapter_dir / "adapter_config.json").is_file()
+    result = train_heads.main(
+        tiny_argv(tiny_target, pattern_data, tmp_path / "out", max_steps=4, log_every=2, lora=lora, learning_rate=0.05)
+    )
+    assert (
+        result.adapter_dir == result.heads_dir / "adapter" and (result.adapter_dir / "adapter_config.json").is_file()
+    )
     assert MedusaHeads.from_pretrained(result.heads_dir).config.backbone_adapter
     assert result.summary["medusa2_lora"]["r"] == 4
     assert all("train/base_kl" in e for e in result.history if "train/loss" in e)
@@ -146,7 +164,16 @@ def test_medusa2_trains_a_lora_adapter_with_the_heads_and_loads_back(tiny_target
 def test_wandb_offline_logs_without_key_or_network(tiny_target, pattern_data, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    result = train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "out", max_steps=2, log_every=1, wandb={"project": "medusa-lite-test"}))
+    result = train_heads.main(
+        tiny_argv(
+            tiny_target,
+            pattern_data,
+            tmp_path / "out",
+            max_steps=2,
+            log_every=1,
+            wandb={"project": "medusa-lite-test"},
+        )
+    )
     runs = list((tmp_path / "out" / "wandb").glob("offline-run-*"))
     assert runs and result.summary["steps"] == 2
 
@@ -159,14 +186,18 @@ def test_push_to_hub_is_called_and_a_failure_keeps_the_heads(tiny_target, patter
         return "http://hub/commit/1"
 
     monkeypatch.setattr(medusa_lite.hub, "push_heads_to_hub", fake_push)
-    result = train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "ok", max_steps=1) + ["--push_to_hub", "me/heads"])
+    result = train_heads.main(
+        tiny_argv(tiny_target, pattern_data, tmp_path / "ok", max_steps=1) + ["--push_to_hub", "me/heads"]
+    )
     assert calls == [(str(result.heads_dir), "me/heads")] and result.push_error is None
 
     def failing_push(folder, repo_id, token=None, private=False):
         raise ConnectionError("no route to host")
 
     monkeypatch.setattr(medusa_lite.hub, "push_heads_to_hub", failing_push)
-    result = train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "fail", max_steps=1) + ["--push_to_hub", "me/heads"])
+    result = train_heads.main(
+        tiny_argv(tiny_target, pattern_data, tmp_path / "fail", max_steps=1) + ["--push_to_hub", "me/heads"]
+    )
     assert "no route to host" in result.push_error and str(result.heads_dir) in result.push_error
     MedusaHeads.from_pretrained(result.heads_dir)
 
@@ -174,7 +205,19 @@ def test_push_to_hub_is_called_and_a_failure_keeps_the_heads(tiny_target, patter
 def test_accelerate_launch_one_process(tiny_target, pattern_data, tmp_path):
     accelerate = Path(sys.executable).parent / "accelerate"
     out = tmp_path / "out"
-    command = [str(accelerate), "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(TRAIN_SCRIPT)]
+    command = [
+        str(accelerate),
+        "launch",
+        "--num_processes",
+        "1",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        str(TRAIN_SCRIPT),
+    ]
     command += tiny_argv(tiny_target, pattern_data, out, max_steps=20)
     done = subprocess.run(command, cwd=REPO_ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+import training_fixtures
+from tiny_models import random_heads, tiny_base_model
+from tiny_tokenizer import make_tiny_tokenizer
 
 from medusa_lite.model import MedusaModel
 from medusa_lite.training import hidden_cache
@@ -12,9 +15,6 @@ from medusa_lite.training.data import Sample, batch_indices, collate, tokenize_c
 from medusa_lite.training.errors import TrainingConfigError
 from medusa_lite.training.losses import IGNORE, gather_rows, head_loss, head_targets
 from medusa_lite.training.objective import HeadsObjective, LossSettings, heads_logits, last_hidden
-from tiny_models import random_heads, tiny_base_model
-from tiny_tokenizer import make_tiny_tokenizer
-import training_fixtures
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
 single_thread = training_fixtures.single_thread
@@ -109,9 +109,16 @@ def test_training_logits_match_medusa_model_head_logits():
 
 
 def test_batches_cover_each_epoch_once_and_differ_between_ranks():
-    seen = [i for step in range(3) for rank in range(2) for i in batch_indices(step, num_samples=12, batch_size=2, rank=rank, world_size=2, seed=0)]
+    seen = [
+        i
+        for step in range(3)
+        for rank in range(2)
+        for i in batch_indices(step, num_samples=12, batch_size=2, rank=rank, world_size=2, seed=0)
+    ]
     assert sorted(seen) == list(range(12))
-    assert batch_indices(3, num_samples=12, batch_size=2, rank=0, world_size=2, seed=0) != batch_indices(0, num_samples=12, batch_size=2, rank=0, world_size=2, seed=0)
+    assert batch_indices(3, num_samples=12, batch_size=2, rank=0, world_size=2, seed=0) != batch_indices(
+        0, num_samples=12, batch_size=2, rank=0, world_size=2, seed=0
+    )
 
 
 def test_cache_span_keeps_every_row_a_head_or_distillation_reads():
@@ -129,12 +136,17 @@ def test_cache_span_keeps_every_row_a_head_or_distillation_reads():
 
 def test_cache_round_trip_is_bfloat16_of_the_live_states(tmp_path):
     base = tiny_base_model("llama")
-    samples = [Sample(torch.randint(0, 128, (n,)), torch.tensor([False] * (n // 2) + [True] * (n - n // 2))) for n in (9, 14, 11)]
+    samples = [
+        Sample(torch.randint(0, 128, (n,)), torch.tensor([False] * (n // 2) + [True] * (n - n // 2)))
+        for n in (9, 14, 11)
+    ]
 
     def hidden_fn(batch):
         return last_hidden(base, batch["input_ids"], batch["attention_mask"])
 
-    hidden_cache.build_cache(samples, hidden_fn, tmp_path, fingerprint_value="x", num_heads=2, hidden_size=32, batch_size=2)
+    hidden_cache.build_cache(
+        samples, hidden_fn, tmp_path, fingerprint_value="x", num_heads=2, hidden_size=32, batch_size=2
+    )
     cache = hidden_cache.HiddenCache(tmp_path, samples, num_heads=2)
     batch = collate(samples)
     with torch.no_grad():
@@ -148,8 +160,16 @@ def test_cache_round_trip_is_bfloat16_of_the_live_states(tmp_path):
 def test_config_overrides_are_typed_and_dotted(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("data: x.jsonl\nlearning_rate: 1e-3\nlora:\n  r: 4\n")
-    config = load_config(path, ["--epochs", "3", "--lora.r=16", "--use_base_lm_head", "false", "--head_loss_weights", "[1, 0.5, 0.25, 0.1]"])
-    assert config.learning_rate == 1e-3 and config.epochs == 3 and config.lora.r == 16 and config.use_base_lm_head is False
+    config = load_config(
+        path,
+        ["--epochs", "3", "--lora.r=16", "--use_base_lm_head", "false", "--head_loss_weights", "[1, 0.5, 0.25, 0.1]"],
+    )
+    assert (
+        config.learning_rate == 1e-3
+        and config.epochs == 3
+        and config.lora.r == 16
+        and config.use_base_lm_head is False
+    )
     assert config.loss_weights() == [1.0, 0.5, 0.25, 0.1]
     assert parse_overrides(["--max-steps", "5"]) == {"max_steps": "5"}
 
@@ -162,7 +182,10 @@ def test_default_loss_weights_decay_geometrically():
     "values, message",
     [
         ({"data": "x", "epochs": "two"}, "epochs must be an integer"),
-        ({"data": "x", "num_heads": 2, "head_loss_weights": [1.0]}, "head_loss_weights has 1 entries but num_heads is 2"),
+        (
+            {"data": "x", "num_heads": 2, "head_loss_weights": [1.0]},
+            "head_loss_weights has 1 entries but num_heads is 2",
+        ),
         ({"data": "x", "lora": {"r": 4}, "precompute_hidden": True}, "precompute_hidden cannot be combined with lora"),
         ({"data": "x", "lora": {"rank": 4}}, "unknown config key(s) lora.rank"),
         ({"data": "x", "wandb": {}}, "wandb.project is required"),
@@ -197,4 +220,6 @@ def test_bf16_targets_compute_in_float32_on_cpu_unless_asked(tmp_path, dtype, ex
     model, _ = load_frozen_target(TrainConfig(model=str(tmp_path), data="x", dtype=dtype), _SingleProcess())
     assert model.dtype == expected
     # the upcast keeps the stored weights exactly
-    torch.testing.assert_close(model.get_output_embeddings().weight.to(torch.bfloat16), base.get_output_embeddings().weight, rtol=0, atol=0)
+    torch.testing.assert_close(
+        model.get_output_embeddings().weight.to(torch.bfloat16), base.get_output_embeddings().weight, rtol=0, atol=0
+    )

@@ -2,11 +2,11 @@
 to ``cache``, e.g. 5.17) decode exactly like the others."""
 
 import torch
+from tiny_models import plain_greedy, random_heads, tiny_base_model
 from transformers import LlamaForCausalLM
 
 from medusa_lite import MedusaModel, generate
 from medusa_lite.model import cache_keyword
-from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 MAX_NEW_TOKENS = 24
 
@@ -15,9 +15,18 @@ class OldCacheKeywordLlama(LlamaForCausalLM):
     """A Llama with the older forward signature: ``past_key_values``, and an unknown ``cache``
     silently dropped (as transformers 5.17 did, which then built a cache of its own)."""
 
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, **kwargs):
+    def forward(
+        self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, use_cache=None, **kwargs
+    ):
         kwargs.pop("cache", None)
-        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, cache=past_key_values, use_cache=use_cache, **kwargs)
+        return super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=past_key_values,
+            use_cache=use_cache,
+            **kwargs,
+        )
 
 
 def old_style(model: LlamaForCausalLM) -> OldCacheKeywordLlama:

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import MedusaModel, Tree, TreeError, best_tree, default_tree, generate
 from medusa_lite.tree import expected_accepted_tokens
-from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,11 @@ NUM_HEADS = 3
 TOPK_ACCURACY = [[0.6, 0.2, 0.1], [0.4, 0.15, 0.1], [0.3, 0.1, 0.05]]
 # Spec-Bench-shaped questions (one with two turns) for the benchmark's tests.
 QUESTIONS = [
-    {"question_id": 1, "category": "writing", "turns": ["Write a short poem about the sea and the moon.", "Now shorter."]},
+    {
+        "question_id": 1,
+        "category": "writing",
+        "turns": ["Write a short poem about the sea and the moon.", "Now shorter."],
+    },
     {"question_id": 2, "category": "qa", "turns": ["What is the capital city of France?"]},
     {"question_id": 3, "category": "writing", "turns": ["Describe a busy market in the morning."]},
 ]

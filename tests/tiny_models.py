@@ -11,7 +11,14 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Mi
 from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel
 from medusa_lite.attention import TREE_SDPA
 
-TINY_SIZES = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+TINY_SIZES = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 CONFIG_CLASSES = {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}
 FAMILIES = tuple(CONFIG_CLASSES)
 CHATTY_HIDDEN_SIZE = 32
@@ -21,11 +28,29 @@ DOMINANT_EMBEDDING_COMPONENT = 1.0
 MASKED_LOGIT = -30.0
 
 
-def tiny_base_model(family: str = "llama", *, vocab_size: int = 128, seed: int = 0, logit_scale: float = 1.0, attn_implementation: str = TREE_SDPA, eos_token_id: int | None = None, **overrides):
+def tiny_base_model(
+    family: str = "llama",
+    *,
+    vocab_size: int = 128,
+    seed: int = 0,
+    logit_scale: float = 1.0,
+    attn_implementation: str = TREE_SDPA,
+    eos_token_id: int | None = None,
+    **overrides,
+):
     """A fp32 random causal LM of the given family; ``logit_scale`` sharpens its distributions."""
     torch.manual_seed(seed)
-    config = CONFIG_CLASSES[family](vocab_size=vocab_size, **{**TINY_SIZES, **overrides}, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None, tie_word_embeddings=False)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32).eval()
+    config = CONFIG_CLASSES[family](
+        vocab_size=vocab_size,
+        **{**TINY_SIZES, **overrides},
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
+        pad_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = AutoModelForCausalLM.from_config(
+        config, attn_implementation=attn_implementation, dtype=torch.float32
+    ).eval()
     with torch.no_grad():
         model.get_output_embeddings().weight.mul_(logit_scale)
     model.generation_config.eos_token_id = eos_token_id
@@ -33,7 +58,15 @@ def tiny_base_model(family: str = "llama", *, vocab_size: int = 128, seed: int =
     return model
 
 
-def random_heads(base_model, num_heads: int = 3, *, seed: int = 1, num_layers: int = 1, use_base_lm_head: bool = True, next_token_input: bool = False) -> MedusaHeads:
+def random_heads(
+    base_model,
+    num_heads: int = 3,
+    *,
+    seed: int = 1,
+    num_layers: int = 1,
+    use_base_lm_head: bool = True,
+    next_token_input: bool = False,
+) -> MedusaHeads:
     """Heads with random (not identity) weights, so their guesses are mostly wrong."""
     config = MedusaConfig(
         num_heads=num_heads,
@@ -76,7 +109,9 @@ class OracleMedusaModel(MedusaModel):
         assert float(distance[position]) < 1e-3, "oracle: hidden state not on the reference path"
         return position
 
-    def head_logits(self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None) -> torch.Tensor:
+    def head_logits(
+        self, hidden: torch.Tensor, num_heads: int | None = None, next_tokens: torch.Tensor | None = None
+    ) -> torch.Tensor:
         position = self.reference_position(hidden)
         count = self.num_heads if num_heads is None else num_heads
         logits = torch.zeros(count, self.config.vocab_size)
@@ -154,7 +189,9 @@ class NextTokenOracle(OracleMedusaModel):
 
 def plain_greedy(base_model, prompt: torch.Tensor, max_new_tokens: int, **kwargs) -> torch.Tensor:
     """The reference: transformers' own greedy generate (explicit mask: token 0 is not padding)."""
-    return base_model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+    return base_model.generate(
+        prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False, **kwargs
+    )
 
 
 # -- a chatty model: writes words and ends its turn, for chat-data tests ------------------------
@@ -162,9 +199,14 @@ def plain_greedy(base_model, prompt: torch.Tensor, max_new_tokens: int, **kwargs
 
 def chatty_config(tokenizer) -> LlamaConfig:
     return LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=CHATTY_HIDDEN_SIZE, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, intermediate_size=64,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=CHATTY_HIDDEN_SIZE,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
 

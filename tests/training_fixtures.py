@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from tiny_models import tiny_base_model
 from tiny_tokenizer import IM_END, TINY_VOCAB_SIZE, make_tiny_tokenizer
 
@@ -37,7 +36,12 @@ def save_tiny_target(folder: Path, *, chat_template: bool = True, logit_scale: f
     tokenizer = make_tiny_tokenizer()
     if not chat_template:
         tokenizer.chat_template = None
-    model = tiny_base_model("llama", vocab_size=TINY_VOCAB_SIZE, eos_token_id=tokenizer.convert_tokens_to_ids(IM_END), logit_scale=logit_scale)
+    model = tiny_base_model(
+        "llama",
+        vocab_size=TINY_VOCAB_SIZE,
+        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        logit_scale=logit_scale,
+    )
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -48,7 +52,9 @@ def pattern_answer(rng: random.Random, length: int) -> str:
     return " ".join(CYCLE[(start + i) % len(CYCLE)] for i in range(length))
 
 
-def write_pattern_data(path: Path, num_records: int, *, seed: int = 0, answer_words: int = 24, style: str = "sharegpt") -> Path:
+def write_pattern_data(
+    path: Path, num_records: int, *, seed: int = 0, answer_words: int = 24, style: str = "sharegpt"
+) -> Path:
     rng = random.Random(seed)
     with open(path, "w") as handle:
         for _ in range(num_records):
@@ -56,7 +62,9 @@ def write_pattern_data(path: Path, num_records: int, *, seed: int = 0, answer_wo
             if style == "sharegpt":
                 record = {"conversations": [{"from": "human", "value": question}, {"from": "gpt", "value": answer}]}
             else:
-                record = {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+                record = {
+                    "messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+                }
             handle.write(json.dumps(record) + "\n")
     return path
 
@@ -81,9 +89,23 @@ def write_records(path: Path, records: list) -> Path:
 
 def tiny_argv(model_dir: Path, data: Path, output_dir: Path, **overrides) -> list[str]:
     """argv for ``train_heads.main``: the tiny config plus the run's paths and overrides."""
-    argv = ["--config", str(TINY_CONFIG), "--model", str(model_dir), "--data", str(data), "--output_dir", str(output_dir)]
+    argv = [
+        "--config",
+        str(TINY_CONFIG),
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--output_dir",
+        str(output_dir),
+    ]
     for key, value in overrides.items():
-        argv += [f"--{key}", yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip() if not isinstance(value, str) else value]
+        argv += [
+            f"--{key}",
+            yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+            if not isinstance(value, str)
+            else value,
+        ]
     return argv
 
 
@@ -111,5 +133,11 @@ def pattern_data(tmp_path_factory) -> Path:
 
 def subprocess_env() -> dict:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", WANDB_MODE="offline", PYTHONPATH=str(REPO_ROOT))
+    env.update(
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="offline",
+        PYTHONPATH=str(REPO_ROOT),
+    )
     return env

@@ -1,6 +1,6 @@
 """Train Medusa heads: the ``accelerate launch`` entry point of ``medusa-lite train`` (medusa_lite.commands.train).
 
-    accelerate launch train/train_heads.py --config configs/smollm2_heads.yaml [--key value ...] [--resume]
+accelerate launch train/train_heads.py --config configs/smollm2_heads.yaml [--key value ...] [--resume]
 """
 
 import sys

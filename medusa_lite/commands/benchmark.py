@@ -98,8 +98,22 @@ LABELS = {
     "draft": "medusa-lite, draft model",
     "lookahead": "lookahead decoding (LookaheadProposer, defaults)",
 }
-DEFAULT_METHODS = ("plain", "pld", "medusa", "no_datastore", "heads")  # "static_tree" on request; "plain_kernel" added where it applies
-SHORT = {"plain_kernel": "plain kernel", "pld": "PLD", "medusa": "medusa", "static_tree": "static tree", "no_datastore": "no datastore", "heads": "heads only", "draft": "draft model"}
+DEFAULT_METHODS = (
+    "plain",
+    "pld",
+    "medusa",
+    "no_datastore",
+    "heads",
+)  # "static_tree" on request; "plain_kernel" added where it applies
+SHORT = {
+    "plain_kernel": "plain kernel",
+    "pld": "PLD",
+    "medusa": "medusa",
+    "static_tree": "static tree",
+    "no_datastore": "no datastore",
+    "heads": "heads only",
+    "draft": "draft model",
+}
 SHORT["lookahead"] = "lookahead"
 OVERALL = "overall"
 GREEDY = SamplingSettings()
@@ -117,7 +131,9 @@ def categories_in_order(questions: Sequence[dict]) -> list[str]:
 
 def stratified_subset(questions: Sequence[dict], n: int) -> list[dict]:
     """``n`` questions taken round-robin over the categories (the i-th of each category in turn)."""
-    by_category = {category: [q for q in questions if q["category"] == category] for category in categories_in_order(questions)}
+    by_category = {
+        category: [q for q in questions if q["category"] == category] for category in categories_in_order(questions)
+    }
     chosen: list[dict] = []
     depth = 0
     while len(chosen) < min(n, len(questions)):
@@ -182,7 +198,9 @@ def run_plain(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
     return run_hf(model, input_ids, max_new_tokens)
 
 
-def run_plain_kernel(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+def run_plain_kernel(
+    model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings
+) -> Result:
     with packed_from_rows(model.base_model, 1):
         return run_hf(model, input_ids, max_new_tokens)
 
@@ -191,22 +209,50 @@ def run_pld(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, se
     return run_hf(model, input_ids, max_new_tokens, prompt_lookup_num_tokens=PLD_NUM_TOKENS)
 
 
-def run_medusa_with(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, tree: Tree | DynamicTree, lookup_tokens: int, datastore_tokens: int) -> Result:
-    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, tree=tree, lookup_tokens=lookup_tokens, datastore_tokens=datastore_tokens))
+def run_medusa_with(
+    model: MedusaModel,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    tree: Tree | DynamicTree,
+    lookup_tokens: int,
+    datastore_tokens: int,
+) -> Result:
+    output, seconds = timed(
+        lambda: generate(
+            model, input_ids, max_new_tokens, tree=tree, lookup_tokens=lookup_tokens, datastore_tokens=datastore_tokens
+        )
+    )
     stats = output.stats
     new = output.sequences[0, input_ids.shape[1] :].tolist()
-    return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), stats.lookup_steps, stats.datastore_steps, stats.verified_rows)
+    return Result(
+        new,
+        seconds,
+        stats.target_calls,
+        stats.steps,
+        list(stats.accepted_at_depth),
+        stats.lookup_steps,
+        stats.datastore_steps,
+        stats.verified_rows,
+    )
 
 
 def run_medusa(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
-    return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, settings.lookup_tokens, settings.datastore_tokens)
+    return run_medusa_with(
+        model, input_ids, max_new_tokens, settings.tree, settings.lookup_tokens, settings.datastore_tokens
+    )
 
 
-def run_static_tree(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
-    return run_medusa_with(model, input_ids, max_new_tokens, settings.static_tree, settings.lookup_tokens, settings.datastore_tokens)
+def run_static_tree(
+    model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings
+) -> Result:
+    return run_medusa_with(
+        model, input_ids, max_new_tokens, settings.static_tree, settings.lookup_tokens, settings.datastore_tokens
+    )
 
 
-def run_no_datastore(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+def run_no_datastore(
+    model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings
+) -> Result:
     return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, settings.lookup_tokens, datastore_tokens=0)
 
 
@@ -218,10 +264,14 @@ def run_draft(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
     output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=[settings.draft]))
     stats = output.stats
     new = output.sequences[0, input_ids.shape[1] :].tolist()
-    return Result(new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), 0, 0, stats.verified_rows)
+    return Result(
+        new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), 0, 0, stats.verified_rows
+    )
 
 
-def run_lookahead(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:  # noqa: E501
+def run_lookahead(
+    model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings
+) -> Result:  # noqa: E501
     """Lookahead decoding alone (:class:`medusa_lite.LookaheadProposer` with its defaults), no heads, no lookups."""
     output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=[LookaheadProposer()]))
     stats = output.stats
@@ -268,14 +318,21 @@ def question_record(question: dict, order: Sequence[str], results: dict[str, Res
             "datastore_steps": result.datastore_steps,
             "verified_rows": result.verified_rows,
         }
-    return {"question_id": question["question_id"], "category": question["category"], "order": list(order), "methods": methods}
+    return {
+        "question_id": question["question_id"],
+        "category": question["category"],
+        "order": list(order),
+        "methods": methods,
+    }
 
 
 # -- summary -----------------------------------------------------------------------------------
 def method_summary(records: Sequence[dict], method: str) -> dict:
     runs = [record["methods"][method] for record in records]
     plain_seconds = sum(record["methods"]["plain"]["seconds"] for record in records)
-    kernel_seconds = sum(record["methods"]["plain_kernel"]["seconds"] for record in records if "plain_kernel" in record["methods"])
+    kernel_seconds = sum(
+        record["methods"]["plain_kernel"]["seconds"] for record in records if "plain_kernel" in record["methods"]
+    )
     tokens, seconds, calls = (sum(run[key] for run in runs) for key in ("new_tokens", "seconds", "target_calls"))
     summary = {
         "questions": len(runs),
@@ -302,7 +359,9 @@ def method_summary(records: Sequence[dict], method: str) -> dict:
         summary["datastore_step_fraction"] = sum(run.get("datastore_steps", 0) for run in runs) / steps
         summary["mean_verified_rows"] = sum(run.get("verified_rows", 0) for run in runs) / steps
         depth = max(len(run["accepted_at_depth"]) for run in runs)
-        accepted = [sum(run["accepted_at_depth"][d] for run in runs if d < len(run["accepted_at_depth"])) for d in range(depth)]
+        accepted = [
+            sum(run["accepted_at_depth"][d] for run in runs if d < len(run["accepted_at_depth"])) for d in range(depth)
+        ]
         summary["acceptance_rate_by_depth"] = [count / steps for count in accepted]
     return summary
 
@@ -326,14 +385,21 @@ def summarize(records: Sequence[dict]) -> dict[str, dict[str, dict]]:
     """{category or "overall": {method: summary}}."""
     groups = {category: [r for r in records if r["category"] == category] for category in categories_in_order(records)}
     groups[OVERALL] = list(records)
-    return {name: {method: method_summary(group, method) for method in methods_in(records)} for name, group in groups.items()}
+    return {
+        name: {method: method_summary(group, method) for method in methods_in(records)}
+        for name, group in groups.items()
+    }
 
 
 def markdown_table(summary: dict[str, dict[str, dict]]) -> str:
     compared = [method for method in next(iter(summary.values())) if method != "plain"]
-    header = "| category | n | plain tok/s | " + " | ".join(
-        f"{SHORT[m]} acc. | {SHORT[m]} tok/s | {SHORT[m]} speed-up | {SHORT[m]} identical" for m in compared
-    ) + " |"
+    header = (
+        "| category | n | plain tok/s | "
+        + " | ".join(
+            f"{SHORT[m]} acc. | {SHORT[m]} tok/s | {SHORT[m]} speed-up | {SHORT[m]} identical" for m in compared
+        )
+        + " |"
+    )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for name, methods in summary.items():
         plain = methods["plain"]
@@ -342,7 +408,9 @@ def markdown_table(summary: dict[str, dict[str, dict]]) -> str:
             f"{r['mean_accepted_tokens']:.2f} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['identical_fraction']:.0%}"
             for r in (methods[m] for m in compared)
         ]
-        lines.append(f"| {label} | {plain['questions']} | {plain['tokens_per_second']:.1f} | " + " | ".join(cells) + " |")
+        lines.append(
+            f"| {label} | {plain['questions']} | {plain['tokens_per_second']:.1f} | " + " | ".join(cells) + " |"
+        )
     return "\n".join(lines)
 
 
@@ -350,7 +418,9 @@ def per_step_line(summary: dict[str, dict[str, dict]]) -> str:
     """Overall tokens per decoding step as Spec-Bench counts them (the published numbers' unit)."""
     overall = summary[OVERALL]
     values = ", ".join(f"{SHORT[m]} {r['mean_tokens_per_step']:.2f}" for m, r in overall.items() if m != "plain")
-    return f"Overall tokens per decoding step as Spec-Bench counts them (each prefill and its token left out): {values}."
+    return (
+        f"Overall tokens per decoding step as Spec-Bench counts them (each prefill and its token left out): {values}."
+    )
 
 
 def kernel_line(summary: dict[str, dict[str, dict]]) -> str:
@@ -358,7 +428,11 @@ def kernel_line(summary: dict[str, dict[str, dict]]) -> str:
     overall = summary[OVERALL]
     if "plain_kernel" not in overall:
         return ""
-    values = ", ".join(f"{SHORT[m]} {r['speedup_vs_plain_kernel']:.2f}x" for m, r in overall.items() if m not in ("plain", "plain_kernel"))
+    values = ", ".join(
+        f"{SHORT[m]} {r['speedup_vs_plain_kernel']:.2f}x"
+        for m, r in overall.items()
+        if m not in ("plain", "plain_kernel")
+    )
     return (
         f"Overall speed-up over plain generate with its one-token steps through the row_gemm kernel "
         f"({overall['plain_kernel']['speedup']:.2f}x plain's speed by itself): {values}."
@@ -369,7 +443,9 @@ def slowest_line(summary: dict[str, dict[str, dict]]) -> str:
     """Each method's speed-up over plain on its slowest question (the per-question minimum)."""
     overall = summary[OVERALL]
     values = ", ".join(
-        f"{SHORT[m]} {r['min_question_speedup']:.2f}x (question {r['slowest_question']})" for m, r in overall.items() if m != "plain" and "min_question_speedup" in r
+        f"{SHORT[m]} {r['min_question_speedup']:.2f}x (question {r['slowest_question']})"
+        for m, r in overall.items()
+        if m != "plain" and "min_question_speedup" in r
     )
     return f"Slowest question's speed-up over plain: {values}." if values else ""
 
@@ -385,7 +461,12 @@ def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
     width = 0.8 / len(compared)
     for index, method in enumerate(compared):
         offset = (index - (len(compared) - 1) / 2) * width
-        bars = axes.bar([p + offset for p in positions], [summary[n][method]["speedup"] for n in names], width, label=LABELS[method])
+        bars = axes.bar(
+            [p + offset for p in positions],
+            [summary[n][method]["speedup"] for n in names],
+            width,
+            label=LABELS[method],
+        )
         axes.bar_label(bars, fmt="%.2f", fontsize=7)
     axes.axhline(1.0, color="grey", linestyle="--", linewidth=1)
     axes.set_xticks(list(positions), names, rotation=45, ha="right")
@@ -397,7 +478,11 @@ def plot_speedup(summary: dict[str, dict[str, dict]], path: Path) -> None:
 
 
 def plot_acceptance(summary: dict[str, dict[str, dict]], path: Path) -> None:
-    method = next(m for m in ("medusa", "heads") if m in summary[OVERALL]) if {"medusa", "heads"} & set(summary[OVERALL]) else None
+    method = (
+        next(m for m in ("medusa", "heads") if m in summary[OVERALL])
+        if {"medusa", "heads"} & set(summary[OVERALL])
+        else None
+    )
     rates = summary[OVERALL][method].get("acceptance_rate_by_depth", []) if method else []
     from matplotlib.figure import Figure  # the object API: no pyplot, no GUI backend
 
@@ -424,19 +509,52 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tree", default=None, help="tree.json (default: as medusa_lite.load chooses)")
     parser.add_argument("--questions", default=str(DEFAULT_QUESTIONS))
     subset = parser.add_mutually_exclusive_group()
-    subset.add_argument("--quick", type=int, default=DEFAULT_QUICK, metavar="N", help=f"N questions stratified across categories (default {DEFAULT_QUICK})")
+    subset.add_argument(
+        "--quick",
+        type=int,
+        default=DEFAULT_QUICK,
+        metavar="N",
+        help=f"N questions stratified across categories (default {DEFAULT_QUICK})",
+    )
     subset.add_argument("--full", action="store_true", help="all questions")
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
-    parser.add_argument("--lookup-tokens", type=int, default=DEFAULT_LOOKUP_TOKENS, help="prompt-lookup guesses per step for 'medusa' (0 = heads only)")
     parser.add_argument(
-        "--datastore-tokens", type=int, default=DEFAULT_DATASTORE_TOKENS, help="datastore guesses per step for 'medusa' where the text has no match (0 = none)"
+        "--lookup-tokens",
+        type=int,
+        default=DEFAULT_LOOKUP_TOKENS,
+        help="prompt-lookup guesses per step for 'medusa' (0 = heads only)",
     )
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS), help="methods to run (plain always runs)")
+    parser.add_argument(
+        "--datastore-tokens",
+        type=int,
+        default=DEFAULT_DATASTORE_TOKENS,
+        help="datastore guesses per step for 'medusa' where the text has no match (0 = none)",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=METHODS,
+        default=list(DEFAULT_METHODS),
+        help="methods to run (plain always runs)",
+    )
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--no-prepack", action="store_true", help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)")
-    parser.add_argument("--kernel", choices=KERNEL_CHOICES, default=None, help=f"set {KERNEL_ENV_VAR} for this run (default: as the environment says, else auto)")
-    parser.add_argument("--draft-model", default=None, help="the 'draft' method's draft model (HF folder or Hub id, the target's tokenizer)")
+    parser.add_argument(
+        "--no-prepack",
+        action="store_true",
+        help="do not pre-pack linear weights for few-row GEMMs (default: pre-pack on CPU in fp32)",
+    )
+    parser.add_argument(
+        "--kernel",
+        choices=KERNEL_CHOICES,
+        default=None,
+        help=f"set {KERNEL_ENV_VAR} for this run (default: as the environment says, else auto)",
+    )
+    parser.add_argument(
+        "--draft-model",
+        default=None,
+        help="the 'draft' method's draft model (HF folder or Hub id, the target's tokenizer)",
+    )
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
 
@@ -458,13 +576,23 @@ def run_benchmark(
     ``static_tree``: the tree of the ``static_tree`` method (required for it).
     """
     kernel_runs = prepack_backend(model.base_model) == ROW_GEMM
-    methods = [method for method in METHODS if method in set(methods) | {"plain"} | ({"plain_kernel"} if kernel_runs else set())]
+    methods = [
+        method
+        for method in METHODS
+        if method in set(methods) | {"plain"} | ({"plain_kernel"} if kernel_runs else set())
+    ]
     if "plain_kernel" in methods and not kernel_runs:
-        raise MedusaError("the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an AVX2 or AVX-512 CPU, without --no-prepack, MEDUSA_LITE_KERNEL not off)")
+        raise MedusaError(
+            "the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an AVX2 or AVX-512 CPU, without --no-prepack, MEDUSA_LITE_KERNEL not off)"
+        )
     if "static_tree" in methods and static_tree is None:
-        raise MedusaError("the 'static_tree' method needs a tree file with static paths (--tree, or tree.json beside the heads)")
+        raise MedusaError(
+            "the 'static_tree' method needs a tree file with static paths (--tree, or tree.json beside the heads)"
+        )
     if "draft" in methods and draft is None:
-        raise MedusaError("the 'draft' method needs a draft model: --draft-model PATH (an HF causal LM with the target's tokenizer)")
+        raise MedusaError(
+            "the 'draft' method needs a draft model: --draft-model PATH (an HF causal LM with the target's tokenizer)"
+        )
     settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens, static_tree, draft)
     prompts = [chat_input_ids(tokenizer, question["turns"][0]).to(model.device) for question in questions]
     for method in methods:  # warm-up
@@ -493,7 +621,9 @@ def progress_writer(path: Path) -> Callable[[dict], None]:
 
 def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps({**settings, "summary": summary, "questions": list(records)}, indent=1) + "\n", encoding="utf-8")
+    (out / "results.json").write_text(
+        json.dumps({**settings, "summary": summary, "questions": list(records)}, indent=1) + "\n", encoding="utf-8"
+    )
     machine = settings["machine"]
     heading = (
         f"Spec-Bench, {settings['num_questions']} questions, greedy, max {settings['max_new_tokens']} new tokens; "
@@ -503,7 +633,10 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
         "speed-up = plain's total time / the method's; identical = outputs token-identical to plain greedy.\n\n"
     )
     lines = [per_step_line(summary), kernel_line(summary), slowest_line(summary)]
-    (out / "results.md").write_text(heading + markdown_table(summary) + "\n\n" + "\n\n".join(line for line in lines if line) + "\n", encoding="utf-8")
+    (out / "results.md").write_text(
+        heading + markdown_table(summary) + "\n\n" + "\n\n".join(line for line in lines if line) + "\n",
+        encoding="utf-8",
+    )
     plot_speedup(summary, out / "speedup_by_category.png")
     plot_acceptance(summary, out / "acceptance_by_depth.png")
 
@@ -545,7 +678,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.datastore_tokens,
         on_record=progress,
         static_tree=static_tree,
-        draft=load_draft_model(args.draft_model, model, tokenizer) if "draft" in args.methods and args.draft_model else None,
+        draft=load_draft_model(args.draft_model, model, tokenizer)
+        if "draft" in args.methods and args.draft_model
+        else None,
     )
     summary = summarize(records)
     tree = tree_of(model)
@@ -568,4 +703,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(markdown_table(summary))
     print(f"wrote {args.out}/results.json, results.md, speedup_by_category.png, acceptance_by_depth.png")
     return 0
-

@@ -89,7 +89,9 @@ def random_prefix(vocab_size: int, length: int, seed: int = PREFIX_SEED) -> torc
     return torch.randint(0, vocab_size, (length,), generator=generator)
 
 
-def timed_step(model: MedusaModel, cache: Cache, hidden: torch.Tensor, root: torch.Tensor, tree: Tree) -> tuple[float, float]:
+def timed_step(
+    model: MedusaModel, cache: Cache, hidden: torch.Tensor, root: torch.Tensor, tree: Tree
+) -> tuple[float, float]:
     """(verify seconds, whole-step seconds) of one decoding step; the cache is put back as it was."""
     prefix_len = cache.get_seq_length()
     start = time.perf_counter()
@@ -112,7 +114,14 @@ def timing_order(num_trees: int) -> list[int]:
 
 @torch.inference_mode()
 def measure_step_costs(
-    model: MedusaModel, trees: Sequence[Tree], *, prefix_tokens: int, repeats: int, warmup: int, prepack: bool = False, seed: int = PREFIX_SEED
+    model: MedusaModel,
+    trees: Sequence[Tree],
+    *,
+    prefix_tokens: int,
+    repeats: int,
+    warmup: int,
+    prepack: bool = False,
+    seed: int = PREFIX_SEED,
 ) -> list[StepCost]:
     """Median verify and step time of each tree over a cached random prefix.
 
@@ -143,14 +152,22 @@ def measure_step_costs(
         if timed:
             samples[index].append(timing)
     return [
-        StepCost(tree.num_nodes, 1000 * statistics.median(v for v, _ in runs), 1000 * statistics.median(s for _, s in runs))
+        StepCost(
+            tree.num_nodes, 1000 * statistics.median(v for v, _ in runs), 1000 * statistics.median(s for _, s in runs)
+        )
         for tree, runs in zip(trees, samples)
     ]
 
 
-def shuffled_schedule(num_trees: int, repeats: int, warmup: int, shuffler: random.Random) -> list[tuple[int, bool, bool]]:
+def shuffled_schedule(
+    num_trees: int, repeats: int, warmup: int, shuffler: random.Random
+) -> list[tuple[int, bool, bool]]:
     """(tree index, pack first, timed) steps: rounds of every tree once in a fresh order, the first ``warmup`` untimed."""
-    return [(index, False, round_ >= warmup) for round_ in range(warmup + repeats) for index in shuffler.sample(range(num_trees), num_trees)]
+    return [
+        (index, False, round_ >= warmup)
+        for round_ in range(warmup + repeats)
+        for index in shuffler.sample(range(num_trees), num_trees)
+    ]
 
 
 def mkl_block_schedule(num_trees: int, repeats: int, warmup: int) -> list[tuple[int, bool, bool]]:
@@ -178,7 +195,9 @@ def read_prompts(path: str | Path) -> list[str]:
 
 
 @torch.inference_mode()
-def head_hits(model: MedusaModel, sequence: torch.Tensor, first_position: int, max_rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def head_hits(
+    model: MedusaModel, sequence: torch.Tensor, first_position: int, max_rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per head and rank, how often its guess was right, and per head how many guesses were checked.
 
     The hidden state at position n (whose logits chose token n+1) is what decoding gives the
@@ -198,7 +217,9 @@ def head_hits(model: MedusaModel, sequence: torch.Tensor, first_position: int, m
     return hits, counts
 
 
-def measure_topk_accuracy(model: MedusaModel, prompts_ids: Sequence[torch.Tensor], *, max_new_tokens: int, max_rank: int) -> list[list[float]]:
+def measure_topk_accuracy(
+    model: MedusaModel, prompts_ids: Sequence[torch.Tensor], *, max_new_tokens: int, max_rank: int
+) -> list[list[float]]:
     """accuracy[head][rank] on greedy continuations of the prompts (the target's own tokens)."""
     hits = torch.zeros(model.num_heads, max_rank)
     counts = torch.zeros(model.num_heads)
@@ -227,7 +248,9 @@ def trees_for_sizes(topk_accuracy: Sequence[Sequence[float]], sizes: Sequence[in
     return [best_tree(topk_accuracy, size) for size in sizes]
 
 
-def prediction_table(trees: Sequence[Tree], costs: Sequence[StepCost], topk_accuracy: Sequence[Sequence[float]]) -> list[Row]:
+def prediction_table(
+    trees: Sequence[Tree], costs: Sequence[StepCost], topk_accuracy: Sequence[Sequence[float]]
+) -> list[Row]:
     """One row per tree; cost relative to the 1-node tree (plain decoding by the same loop)."""
     unit = next(cost.step_ms for cost in costs if cost.num_nodes == 1)
     rows = []
@@ -270,24 +293,55 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heads", default=None, help=f"heads folder or Hub repo (default: {DEFAULT_HEADS_DIR})")
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: fp32 on CPU, bf16 on GPU")
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--sizes", type=lambda text: [int(s) for s in text.split(",")], default=list(DEFAULT_SIZES), help="tree sizes (nodes) to time, comma-separated; 1 is always added")
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: [int(s) for s in text.split(",")],
+        default=list(DEFAULT_SIZES),
+        help="tree sizes (nodes) to time, comma-separated; 1 is always added",
+    )
     parser.add_argument("--prefix-tokens", type=int, default=DEFAULT_PREFIX_TOKENS)
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
     parser.add_argument("--warmup", type=int, default=DEFAULT_WARMUP)
-    parser.add_argument("--measure-on", default=None, help="prompts (.jsonl or .txt) to measure head accuracies on, instead of the heads' training summary")
-    parser.add_argument("--measure-tokens", type=int, default=DEFAULT_MEASURE_TOKENS, help="greedy tokens per prompt for --measure-on")
-    parser.add_argument("--max-rank", type=int, default=DEFAULT_MAX_RANK, help="ranks per head measured by --measure-on")
-    parser.add_argument("--no-prepack", action="store_true", help="time steps without pre-packed linear weights (as load(prepack=False) decodes)")
-    parser.add_argument("--costs-only", action="store_true", help="only time steps (fresh heads stand in if none are given)")
+    parser.add_argument(
+        "--measure-on",
+        default=None,
+        help="prompts (.jsonl or .txt) to measure head accuracies on, instead of the heads' training summary",
+    )
+    parser.add_argument(
+        "--measure-tokens", type=int, default=DEFAULT_MEASURE_TOKENS, help="greedy tokens per prompt for --measure-on"
+    )
+    parser.add_argument(
+        "--max-rank", type=int, default=DEFAULT_MAX_RANK, help="ranks per head measured by --measure-on"
+    )
+    parser.add_argument(
+        "--no-prepack",
+        action="store_true",
+        help="time steps without pre-packed linear weights (as load(prepack=False) decodes)",
+    )
+    parser.add_argument(
+        "--costs-only", action="store_true", help="only time steps (fresh heads stand in if none are given)"
+    )
     parser.add_argument(
         "--static-paths",
         type=json.loads,
         default=None,
         help="keep this static tree (JSON list of rank paths, e.g. one a replay with the lookup chain chose) instead of the table's best",
     )
-    parser.add_argument("--dynamic-max-nodes", type=int, default=DEFAULT_MAX_NODES, help="most nodes of the dynamic per-step tree written beside the static one (0: none)")
-    parser.add_argument("--tokens-per-cost", type=float, default=DEFAULT_TOKENS_PER_COST, help="dynamic tree: expected tokens a unit of step cost must buy")
-    parser.add_argument("--out", default=None, help=f"where to write the JSON (default: {TREE_FILE_NAME} in the heads folder)")
+    parser.add_argument(
+        "--dynamic-max-nodes",
+        type=int,
+        default=DEFAULT_MAX_NODES,
+        help="most nodes of the dynamic per-step tree written beside the static one (0: none)",
+    )
+    parser.add_argument(
+        "--tokens-per-cost",
+        type=float,
+        default=DEFAULT_TOKENS_PER_COST,
+        help="dynamic tree: expected tokens a unit of step cost must buy",
+    )
+    parser.add_argument(
+        "--out", default=None, help=f"where to write the JSON (default: {TREE_FILE_NAME} in the heads folder)"
+    )
     return parser
 
 
@@ -301,7 +355,9 @@ def load_model(args: argparse.Namespace):
             raise
         base, tokenizer = load_target(args.model, dtype, "cpu")
         return MedusaModel.with_new_heads(base, COSTS_ONLY_NUM_HEADS).eval(), tokenizer, None
-    model, tokenizer = load(args.model, heads=source, dtype=dtype, tree=[], prepack=False)  # packed per size while timing
+    model, tokenizer = load(
+        args.model, heads=source, dtype=dtype, tree=[], prepack=False
+    )  # packed per size while timing
     return model, tokenizer, source
 
 
@@ -309,13 +365,22 @@ def topk_accuracy_for(args: argparse.Namespace, model: MedusaModel, tokenizer) -
     """(accuracy[head][rank], where it came from)."""
     if args.measure_on:
         prompts = [chat_input_ids(tokenizer, prompt) for prompt in read_prompts(args.measure_on)]
-        accuracy = measure_topk_accuracy(model, prompts, max_new_tokens=args.measure_tokens, max_rank=min(args.max_rank, model.guess_vocab_size))
-        return accuracy, f"measured on {len(prompts)} prompts of {args.measure_on} ({args.measure_tokens} greedy tokens each)"
+        accuracy = measure_topk_accuracy(
+            model, prompts, max_new_tokens=args.measure_tokens, max_rank=min(args.max_rank, model.guess_vocab_size)
+        )
+        return (
+            accuracy,
+            f"measured on {len(prompts)} prompts of {args.measure_on} ({args.measure_tokens} greedy tokens each)",
+        )
     if args.costs_only:
-        return [list(REFERENCE_TOPK_ACCURACY[min(d, len(REFERENCE_TOPK_ACCURACY) - 1)]) for d in range(model.num_heads)], "reference (tree.py)"
+        return [
+            list(REFERENCE_TOPK_ACCURACY[min(d, len(REFERENCE_TOPK_ACCURACY) - 1)]) for d in range(model.num_heads)
+        ], "reference (tree.py)"
     accuracy = model.heads.config.training_summary.get("topk_accuracy")
     if not accuracy:
-        raise MedusaError("the heads' training_summary has no 'topk_accuracy': pass --measure-on PROMPTS to measure it")
+        raise MedusaError(
+            "the heads' training_summary has no 'topk_accuracy': pass --measure-on PROMPTS to measure it"
+        )
     return accuracy, "heads' training_summary"
 
 
@@ -337,10 +402,14 @@ def calibrate(args: argparse.Namespace) -> Path | None:
     sizes = sorted(set(args.sizes) | {1})
     trees = trees_for_sizes(accuracy, sizes)
     prepack = not args.no_prepack and prepack_supported(model.base_model)
-    costs = measure_step_costs(model, trees, prefix_tokens=args.prefix_tokens, repeats=args.repeats, warmup=args.warmup, prepack=prepack)
+    costs = measure_step_costs(
+        model, trees, prefix_tokens=args.prefix_tokens, repeats=args.repeats, warmup=args.warmup, prepack=prepack
+    )
     rows = prediction_table(trees, costs, accuracy)
     chosen = None if args.costs_only else best_row(rows)
-    print(f"{dtype_name(model.base_model.dtype)}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, {'pre-packed linears (' + str(default_backend()) + ') per tree size' if prepack else 'unpacked linears'}, accuracies: {accuracy_source}")
+    print(
+        f"{dtype_name(model.base_model.dtype)}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, {'pre-packed linears (' + str(default_backend()) + ') per tree size' if prepack else 'unpacked linears'}, accuracies: {accuracy_source}"
+    )
     print(format_table(rows, chosen))
     if out is None:
         return None
@@ -361,11 +430,16 @@ def calibrate(args: argparse.Namespace) -> Path | None:
         out.write_text(json.dumps(notes, indent=1) + "\n", encoding="utf-8")
         print(f"wrote {out}")
         return out
-    static = Tree.from_paths(args.static_paths) if args.static_paths is not None else trees[sizes.index(chosen.num_nodes)]
+    static = (
+        Tree.from_paths(args.static_paths) if args.static_paths is not None else trees[sizes.index(chosen.num_nodes)]
+    )
     notes["static_paths_source"] = "--static-paths" if args.static_paths is not None else "the table's best"
     dynamic = dynamic_policy(rows, args.dynamic_max_nodes, args.tokens_per_cost)
     write_tree_file(out, static, notes, dynamic)
-    print(f"wrote {out} ({static.num_nodes}-node static tree" + (f"; dynamic trees of up to {dynamic.max_nodes} nodes, what load() decodes with)" if dynamic else ")"))
+    print(
+        f"wrote {out} ({static.num_nodes}-node static tree"
+        + (f"; dynamic trees of up to {dynamic.max_nodes} nodes, what load() decodes with)" if dynamic else ")")
+    )
     return out
 
 

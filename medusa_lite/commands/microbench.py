@@ -26,7 +26,15 @@ from medusa_lite.measure import plain_generate, timed
 from medusa_lite.model import MedusaModel
 from medusa_lite.sampling import SamplingSettings
 
-TINY_CONFIG = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+TINY_CONFIG = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
 DEFAULT_NUM_HEADS = 3
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_PROMPT_TOKENS = 32
@@ -91,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", default=None, help="HF model (default: a tiny random llama, nothing downloaded)")
     parser.add_argument("--heads", default=None, help="trained heads for --model (default: fresh identity heads)")
-    parser.add_argument("--num-heads", type=int, default=DEFAULT_NUM_HEADS, help="fresh heads to attach when --heads is not given")
+    parser.add_argument(
+        "--num-heads", type=int, default=DEFAULT_NUM_HEADS, help="fresh heads to attach when --heads is not given"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--prompt-tokens", type=int, default=DEFAULT_PROMPT_TOKENS)
     parser.add_argument("--repeats", type=int, default=DEFAULT_REPEATS)
@@ -105,13 +115,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_threads(args.threads)
     model = build_model(args)
     generator = torch.Generator().manual_seed(SEED)
-    input_ids = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens), generator=generator).to(model.device)
+    input_ids = torch.randint(0, model.config.vocab_size, (1, args.prompt_tokens), generator=generator).to(
+        model.device
+    )
     result = microbench(model, input_ids, args.max_new_tokens, args.repeats)
-    print(f"{args.model or 'tiny random llama'}, {args.dtype}, {torch.get_num_threads()} threads, {args.max_new_tokens} new tokens, best of {args.repeats}")
+    print(
+        f"{args.model or 'tiny random llama'}, {args.dtype}, {torch.get_num_threads()} threads, {args.max_new_tokens} new tokens, best of {args.repeats}"
+    )
     print(f"  plain model.generate: {result['plain_tokens_per_second']:8.1f} tokens/s, 1.00 mean accepted tokens")
     print(
         f"  medusa-lite         : {result['medusa_tokens_per_second']:8.1f} tokens/s, {result['medusa_mean_accepted_tokens']:.2f} mean accepted tokens "
         f"({result['tree']}), identical to plain: {'yes' if result['identical'] else 'NO'}"
     )
     return 0
-

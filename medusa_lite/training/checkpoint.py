@@ -56,7 +56,11 @@ def incomplete_entries(root: Path) -> list[Path]:
     """Leftovers of interrupted writes: ``.tmp-*`` folders and step folders without the marker."""
     if not root.is_dir():
         return []
-    return sorted(e for e in root.iterdir() if e.name.startswith(TEMP_PREFIX) or (STEP_PATTERN.match(e.name) and not is_complete(e)))
+    return sorted(
+        e
+        for e in root.iterdir()
+        if e.name.startswith(TEMP_PREFIX) or (STEP_PATTERN.match(e.name) and not is_complete(e))
+    )
 
 
 def latest_complete(root: Path) -> tuple[int, Path] | None:

@@ -40,7 +40,9 @@ def check_tracker(config: TrainConfig) -> None:
     if config.wandb is None:
         return
     if importlib.util.find_spec("wandb") is None:
-        raise TrackerError("a wandb section is configured but the wandb package is not installed (" + install_command("wandb") + ")")
+        raise TrackerError(
+            "a wandb section is configured but the wandb package is not installed (" + install_command("wandb") + ")"
+        )
     mode = os.environ.get("WANDB_MODE", "").lower()
     if mode not in OFFLINE_WANDB_MODES and not wandb_key_available():
         raise TrackerError(
@@ -61,7 +63,9 @@ def check_output_dir(output_dir: Path, resume: bool, overwrite: bool) -> None:
             os.fsync(handle.fileno())
         probe.unlink()
     except OSError as error:
-        raise OutputDirError(f"output_dir {output_dir} is not writable ({type(error).__name__}: {error}); choose another output_dir") from error
+        raise OutputDirError(
+            f"output_dir {output_dir} is not writable ({type(error).__name__}: {error}); choose another output_dir"
+        ) from error
     if resume or overwrite:
         return
     previous = ckpt.complete_checkpoints(output_dir / ckpt.CHECKPOINTS_DIR)

@@ -146,7 +146,9 @@ def read_yaml(path: Path) -> dict:
     if values is None:
         return {}
     if not isinstance(values, dict):
-        raise TrainingConfigError(f"config file {path} must hold a mapping of keys to values, got {type(values).__name__}")
+        raise TrainingConfigError(
+            f"config file {path} must hold a mapping of keys to values, got {type(values).__name__}"
+        )
     return values
 
 
@@ -199,7 +201,9 @@ def build_dataclass(cls, values: dict, prefix: str, source: str):
     unknown = sorted(set(values) - set(known))
     if unknown:
         names = ", ".join(prefix + key for key in unknown)
-        raise TrainingConfigError(f"{source}: unknown config key(s) {names}; known keys: {', '.join(prefix + k for k in known)}")
+        raise TrainingConfigError(
+            f"{source}: unknown config key(s) {names}; known keys: {', '.join(prefix + k for k in known)}"
+        )
     kwargs = {key: coerce(value, hints[key], prefix + key, source) for key, value in values.items()}
     return cls(**kwargs)
 
@@ -220,7 +224,11 @@ def coerce(value, annotation, key: str, source: str):
         return build_dataclass(annotation, value, prefix=key + ".", source=source)
     if origin is list:
         if isinstance(value, str):
-            value = yaml.safe_load(value) if value.strip().startswith("[") else [v.strip() for v in value.split(",") if v.strip()]
+            value = (
+                yaml.safe_load(value)
+                if value.strip().startswith("[")
+                else [v.strip() for v in value.split(",") if v.strip()]
+            )
         if not isinstance(value, (list, tuple)):
             raise TrainingConfigError(f"{source}: {key} must be a list, got {value!r}")
         return [coerce(v, args[0], f"{key}[{i}]", source) for i, v in enumerate(value)]
@@ -265,20 +273,47 @@ def validate(config: TrainConfig) -> None:
             raise TrainingConfigError(message)
 
     require(bool(config.data), "config: data is required (one or more .jsonl/.json conversation files or .txt files)")
-    require(config.data_format in DATA_FORMATS, f"config: data_format must be one of {DATA_FORMATS}, got {config.data_format!r}")
+    require(
+        config.data_format in DATA_FORMATS,
+        f"config: data_format must be one of {DATA_FORMATS}, got {config.data_format!r}",
+    )
     require(config.dtype in DTYPE_CHOICES, f"config: dtype must be one of {DTYPE_CHOICES}, got {config.dtype!r}")
     require(config.drafter in DRAFTER_KINDS, f"config: drafter must be one of {DRAFTER_KINDS}, got {config.drafter!r}")
     if config.drafter == "sequential":
-        require(config.lora is None, "config: drafter: sequential cannot be combined with lora (Medusa-2 trains Medusa heads with the backbone)")
-        require(config.distill_weight == 0, "config: drafter: sequential trains on the data's tokens; set distill_weight: 0")
-        require(config.use_base_lm_head, "config: drafter: sequential always reuses the target's lm_head; set use_base_lm_head: true")
-    require(config.lr_scheduler in LR_SCHEDULERS, f"config: lr_scheduler must be one of {LR_SCHEDULERS}, got {config.lr_scheduler!r}")
-    for name in ("num_heads", "batch_size", "max_length", "topk", "log_every", "checkpoint_every", "keep_checkpoints", "loss_chunk_positions"):
+        require(
+            config.lora is None,
+            "config: drafter: sequential cannot be combined with lora (Medusa-2 trains Medusa heads with the backbone)",
+        )
+        require(
+            config.distill_weight == 0,
+            "config: drafter: sequential trains on the data's tokens; set distill_weight: 0",
+        )
+        require(
+            config.use_base_lm_head,
+            "config: drafter: sequential always reuses the target's lm_head; set use_base_lm_head: true",
+        )
+    require(
+        config.lr_scheduler in LR_SCHEDULERS,
+        f"config: lr_scheduler must be one of {LR_SCHEDULERS}, got {config.lr_scheduler!r}",
+    )
+    for name in (
+        "num_heads",
+        "batch_size",
+        "max_length",
+        "topk",
+        "log_every",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "loss_chunk_positions",
+    ):
         require(getattr(config, name) >= 1, f"config: {name} must be >= 1, got {getattr(config, name)}")
     for name in ("num_layers", "epochs", "max_steps", "warmup_steps", "eval_every", "debug_nan_at_step"):
         require(getattr(config, name) >= 0, f"config: {name} must be >= 0, got {getattr(config, name)}")
     require(config.epochs > 0 or config.max_steps > 0, "config: set epochs >= 1 or max_steps >= 1")
-    require(config.max_length >= 3, f"config: max_length must be >= 3 (a head needs a token 2 positions ahead), got {config.max_length}")
+    require(
+        config.max_length >= 3,
+        f"config: max_length must be >= 3 (a head needs a token 2 positions ahead), got {config.max_length}",
+    )
     require(0.0 <= config.eval_fraction < 1.0, f"config: eval_fraction must be in [0, 1), got {config.eval_fraction}")
     require(config.learning_rate > 0, f"config: learning_rate must be > 0, got {config.learning_rate}")
     require(config.distill_weight >= 0, f"config: distill_weight must be >= 0, got {config.distill_weight}")
@@ -292,7 +327,10 @@ def validate(config: TrainConfig) -> None:
         config.debug_step_sleep_s >= 0, f"config: debug_step_sleep_s must be >= 0, got {config.debug_step_sleep_s}"
     )
     if config.draft_vocab_size is not None:
-        require(config.draft_vocab_size >= 1, f"config: draft_vocab_size must be >= 1 (or null for the full vocabulary), got {config.draft_vocab_size}")
+        require(
+            config.draft_vocab_size >= 1,
+            f"config: draft_vocab_size must be >= 1 (or null for the full vocabulary), got {config.draft_vocab_size}",
+        )
         require(
             config.use_base_lm_head,
             "config: draft_vocab_size needs use_base_lm_head: true (a draft vocabulary selects rows of the base model's lm_head)",
@@ -302,7 +340,10 @@ def validate(config: TrainConfig) -> None:
         len(weights) == config.num_heads,
         f"config: head_loss_weights has {len(weights)} entries but num_heads is {config.num_heads}",
     )
-    require(all(w >= 0 for w in weights) and sum(weights) > 0, f"config: head_loss_weights must be >= 0 and not all zero, got {weights}")
+    require(
+        all(w >= 0 for w in weights) and sum(weights) > 0,
+        f"config: head_loss_weights must be >= 0 and not all zero, got {weights}",
+    )
     if config.lora is not None:
         require(config.lora.r >= 1, f"config: lora.r must be >= 1, got {config.lora.r}")
         require(config.lora.alpha >= 1, f"config: lora.alpha must be >= 1, got {config.lora.alpha}")
@@ -311,7 +352,10 @@ def validate(config: TrainConfig) -> None:
             config.lora.distill_weight >= 0,
             f"config: lora.distill_weight must be >= 0, got {config.lora.distill_weight}",
         )
-        require(bool(config.lora.target_modules), "config: lora.target_modules must name at least one module (e.g. [q_proj, v_proj])")
+        require(
+            bool(config.lora.target_modules),
+            "config: lora.target_modules must name at least one module (e.g. [q_proj, v_proj])",
+        )
         require(
             not config.precompute_hidden,
             "config: precompute_hidden cannot be combined with lora (Medusa-2 trains the backbone, so its hidden states change every step)",

@@ -125,11 +125,15 @@ def read_records(path: str | Path, data_format: str = "auto"):
         elif suffix in TEXT_EXTENSIONS:
             dataset = datasets.load_dataset("text", data_files=str(path), sample_by="paragraph", split="train")
         else:
-            raise TrainingDataError(f"data file {path}: unknown extension {suffix!r}; use one of {CHAT_EXTENSIONS + TEXT_EXTENSIONS}")
+            raise TrainingDataError(
+                f"data file {path}: unknown extension {suffix!r}; use one of {CHAT_EXTENSIONS + TEXT_EXTENSIONS}"
+            )
     except TrainingDataError:
         raise
     except Exception as error:  # datasets raises many kinds (schema mismatch, JSON errors...)
-        raise TrainingDataError(f"data file {path} could not be read by datasets: {type(error).__name__}: {error}") from error
+        raise TrainingDataError(
+            f"data file {path} could not be read by datasets: {type(error).__name__}: {error}"
+        ) from error
     if len(dataset) == 0:
         raise EmptyDatasetError(f"data file {path} holds no records")
     columns = set(dataset.column_names)
@@ -177,7 +181,7 @@ def check_json_records(path: Path) -> None:
         if not isinstance(record, dict) or not record:
             raise TrainingDataError(
                 f"data file {path}, {where}: expected a JSON object such as "
-                f"{{\"messages\": [...]}} or {{\"text\": ...}}, "
+                f'{{"messages": [...]}} or {{"text": ...}}, '
                 f"got {json.dumps(record)[:MAX_QUOTED]}"
             )
 
@@ -228,7 +232,9 @@ def check_chat_template(tokenizer) -> None:
             "set tokenizer.chat_template, use an instruct model's tokenizer, or train on plain text (a .txt file)"
         )
     if not getattr(tokenizer, "is_fast", False):
-        raise TrainingDataError(f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; response masking needs offsets")
+        raise TrainingDataError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; response masking needs offsets"
+        )
 
 
 def response_char_spans(messages: list[dict], tokenizer) -> tuple[str, list[tuple[int, int]]] | None:
@@ -339,7 +345,9 @@ def split_held_out(samples: list[Sample], eval_fraction: float, seed: int) -> tu
     if eval_fraction <= 0:
         return [samples[i] for i in order], []
     if len(samples) < 2:
-        raise EmptyDatasetError(f"only {len(samples)} usable sequence(s): need at least 2 to hold one out for evaluation (or set eval_fraction: 0)")
+        raise EmptyDatasetError(
+            f"only {len(samples)} usable sequence(s): need at least 2 to hold one out for evaluation (or set eval_fraction: 0)"
+        )
     num_eval = min(len(samples) - 1, max(1, round(eval_fraction * len(samples))))
     return [samples[i] for i in order[:-num_eval]], [samples[i] for i in order[-num_eval:]]
 
@@ -367,7 +375,13 @@ def combined_stats(parts: Sequence[DataStats]) -> DataStats:
 
 
 def load_training_data(
-    data: str | Path | Sequence[str | Path], tokenizer, *, max_length: int, eval_fraction: float, seed: int, data_format: str = "auto"
+    data: str | Path | Sequence[str | Path],
+    tokenizer,
+    *,
+    max_length: int,
+    eval_fraction: float,
+    seed: int,
+    data_format: str = "auto",
 ) -> TokenizedData:
     """Tokenise one data file or several (their sequences pooled), then hold some out."""
     paths = [data] if isinstance(data, (str, Path)) else list(data)
@@ -381,7 +395,9 @@ def load_training_data(
         parts.append(file_stats)
     stats = combined_stats(parts)
     if not samples:
-        raise EmptyDatasetError(f"data file {stats.path}: no usable sequence among {stats.records} records ({stats.describe()})")
+        raise EmptyDatasetError(
+            f"data file {stats.path}: no usable sequence among {stats.records} records ({stats.describe()})"
+        )
     train, held_out = split_held_out(samples, eval_fraction, seed)
     stats.samples = len(samples)
     stats.train_samples, stats.eval_samples = len(train), len(held_out)

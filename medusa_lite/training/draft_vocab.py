@@ -27,7 +27,9 @@ class DraftVocab:
 
     token_ids: torch.Tensor  # [D] int64
     train_coverage: float  # fraction of the training split's response tokens inside the vocabulary
-    eval_coverage: float | None  # the same for the held-out split (None without one): an upper bound on the heads' accuracy
+    eval_coverage: (
+        float | None
+    )  # the same for the held-out split (None without one): an upper bound on the heads' accuracy
 
 
 def response_token_counts(samples: list[Sample], vocab_size: int) -> torch.Tensor:
@@ -35,7 +37,9 @@ def response_token_counts(samples: list[Sample], vocab_size: int) -> torch.Tenso
     tokens = [s.input_ids[s.loss_mask] for s in samples]
     ids = torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long)
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise TrainingDataError(f"the data hold token id {int(ids.max())}, outside the model's vocabulary of {vocab_size} tokens: the tokenizer does not match the model")
+        raise TrainingDataError(
+            f"the data hold token id {int(ids.max())}, outside the model's vocabulary of {vocab_size} tokens: the tokenizer does not match the model"
+        )
     return torch.bincount(ids, minlength=vocab_size)
 
 
@@ -53,11 +57,17 @@ def coverage(counts: torch.Tensor, token_ids: torch.Tensor) -> float:
     return float(counts[token_ids].sum()) / total if total else 1.0
 
 
-def measure_draft_vocab(token_ids: torch.Tensor, train: list[Sample], held_out: list[Sample], vocab_size: int) -> DraftVocab:
+def measure_draft_vocab(
+    token_ids: torch.Tensor, train: list[Sample], held_out: list[Sample], vocab_size: int
+) -> DraftVocab:
     """``token_ids`` with their coverage of the training and held-out response tokens."""
     token_ids = token_ids.cpu()
     eval_coverage = coverage(response_token_counts(held_out, vocab_size), token_ids) if held_out else None
-    return DraftVocab(token_ids=token_ids, train_coverage=coverage(response_token_counts(train, vocab_size), token_ids), eval_coverage=eval_coverage)
+    return DraftVocab(
+        token_ids=token_ids,
+        train_coverage=coverage(response_token_counts(train, vocab_size), token_ids),
+        eval_coverage=eval_coverage,
+    )
 
 
 def choose_draft_vocab(train: list[Sample], held_out: list[Sample], vocab_size: int, size: int) -> DraftVocab:

@@ -32,7 +32,9 @@ def shifted_tokens(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
     return shifted
 
 
-def unrolled_features(drafter: SequentialDrafter, hidden: torch.Tensor, input_ids: torch.Tensor, embed: nn.Module, depth: int) -> list[torch.Tensor]:
+def unrolled_features(
+    drafter: SequentialDrafter, hidden: torch.Tensor, input_ids: torch.Tensor, embed: nn.Module, depth: int
+) -> list[torch.Tensor]:
     """The drafter's output features [B, T, H] at depths 1..``depth``, each depth reading the previous one's."""
     length = input_ids.shape[1]
     base_positions = torch.arange(length, device=input_ids.device).expand_as(input_ids)
@@ -68,7 +70,9 @@ class DrafterObjective(nn.Module):
     chain hits and chain positions (counted only when gradients are off: evaluation).
     """
 
-    def __init__(self, drafter: SequentialDrafter, base_lm_head: nn.Module, input_embeddings: nn.Module, settings: LossSettings):
+    def __init__(
+        self, drafter: SequentialDrafter, base_lm_head: nn.Module, input_embeddings: nn.Module, settings: LossSettings
+    ):
         super().__init__()
         self.heads = drafter  # the name the loop saves from
         self._frozen = (base_lm_head, input_embeddings)  # a tuple: not registered as submodules
@@ -97,11 +101,17 @@ class DrafterObjective(nn.Module):
             topk=topk,
             chunk_size=self.settings.chunk_size,
         )
-        chain = chain_counts(drafter, rows, row_targets, base_lm_head, self.settings.chunk_size) if not torch.is_grad_enabled() else torch.zeros(2 * self.depth, dtype=torch.float64, device=rows.device)
+        chain = (
+            chain_counts(drafter, rows, row_targets, base_lm_head, self.settings.chunk_size)
+            if not torch.is_grad_enabled()
+            else torch.zeros(2 * self.depth, dtype=torch.float64, device=rows.device)
+        )
         return loss, torch.cat([stats.as_vector().double(), chain])
 
 
-def chain_counts(drafter: SequentialDrafter, rows: torch.Tensor, targets: torch.Tensor, base_lm_head: nn.Module, chunk_size: int) -> torch.Tensor:
+def chain_counts(
+    drafter: SequentialDrafter, rows: torch.Tensor, targets: torch.Tensor, base_lm_head: nn.Module, chunk_size: int
+) -> torch.Tensor:
     """[2K]: per depth d, positions whose top-1 guesses are right at every depth 1..d, then positions with targets at all of 1..d."""
     depth = targets.shape[1]
     hits = torch.zeros(depth, dtype=torch.float64, device=rows.device)

@@ -53,7 +53,9 @@ def estimate_cache_bytes(samples: list[Sample], hidden_size: int, num_heads: int
     return positions * hidden_size * BYTES_PER_VALUE
 
 
-def fingerprint(samples: list[Sample], *, model_name: str, hidden_size: int, num_heads: int, from_start: bool = False) -> str:
+def fingerprint(
+    samples: list[Sample], *, model_name: str, hidden_size: int, num_heads: int, from_start: bool = False
+) -> str:
     digest = hashlib.sha256()
     described = {"model": model_name, "hidden": hidden_size, "heads": num_heads, "version": CACHE_VERSION}
     if from_start:  # only then: the fingerprints of existing heads caches stay as they were
@@ -84,7 +86,9 @@ def check_size(needed_bytes: int, max_cache_gb: float, cache_dir: Path) -> None:
         )
     free = shutil.disk_usage(nearest_existing(cache_dir)).free
     if needed_bytes > free:
-        raise HiddenCacheError(f"the hidden-state cache needs {needed_gb:.3g} GB but {cache_dir} has only {free / GIGABYTE:.3g} GB free")
+        raise HiddenCacheError(
+            f"the hidden-state cache needs {needed_gb:.3g} GB but {cache_dir} has only {free / GIGABYTE:.3g} GB free"
+        )
 
 
 def nearest_existing(path: Path) -> Path:
@@ -193,7 +197,9 @@ class HiddenCache:
                 self.locations.append((shard, offset))
                 offset += self.spans[i][1] - self.spans[i][0]
             if offset != self.shards[shard].shape[0]:
-                raise HiddenCacheError(f"{cache_dir / shard_name(shard)} holds {self.shards[shard].shape[0]} rows, expected {offset}: the cache is corrupt; delete it")
+                raise HiddenCacheError(
+                    f"{cache_dir / shard_name(shard)} holds {self.shards[shard].shape[0]} rows, expected {offset}: the cache is corrupt; delete it"
+                )
 
     def batch_hidden(self, indices: list[int], length: int) -> torch.Tensor:
         hidden = torch.zeros(len(indices), length, self.hidden_size, dtype=torch.bfloat16)

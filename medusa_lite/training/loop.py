@@ -25,14 +25,28 @@ from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaConfig, MedusaHeads
 from medusa_lite.training import checkpoint as ckpt
 from medusa_lite.training import hidden_cache
-from medusa_lite.training.checks import HEADS_DIR, check_free_space, check_output_dir, check_tracker, estimate_output_bytes
+from medusa_lite.training.checks import (
+    HEADS_DIR,
+    check_free_space,
+    check_output_dir,
+    check_tracker,
+    estimate_output_bytes,
+)
 from medusa_lite.training.config import GIGABYTE, TrainConfig
 from medusa_lite.training.data import TokenizedData, batch_indices, collate, load_training_data
 from medusa_lite.training.draft_vocab import DraftVocab, choose_draft_vocab, measure_draft_vocab
 from medusa_lite.training.errors import NonFiniteLossError, TrainingDataError
 from medusa_lite.training.losses import IGNORE, HeadStats, gather_rows, head_targets
 from medusa_lite.training.objective import last_hidden
-from medusa_lite.training.setup import build_objective, check_draft_vocab_fits, fill_deepspeed_config, fresh_heads, is_zero3, load_frozen_target, make_accelerator
+from medusa_lite.training.setup import (
+    build_objective,
+    check_draft_vocab_fits,
+    fill_deepspeed_config,
+    fresh_heads,
+    is_zero3,
+    load_frozen_target,
+    make_accelerator,
+)
 
 METRICS_NAME = "metrics.jsonl"
 TRAIN_TOPK = 1  # training batches report top-1 only (top-k over the vocabulary costs time); eval reports top-k
@@ -56,7 +70,16 @@ class BatchSource:
     """Hidden states (heads-only mode) or token batches (Medusa-2) for sample indices."""
 
     def __init__(
-        self, samples, base_model, num_heads: int, with_teacher: bool, device, pad_id: int, cache: hidden_cache.HiddenCache | None = None, offset: int = 0, sequential: bool = False
+        self,
+        samples,
+        base_model,
+        num_heads: int,
+        with_teacher: bool,
+        device,
+        pad_id: int,
+        cache: hidden_cache.HiddenCache | None = None,
+        offset: int = 0,
+        sequential: bool = False,
     ):
         self.samples = samples
         self.sequential = sequential  # a sequential drafter trains on whole sequences, not flattened rows
@@ -75,7 +98,9 @@ class BatchSource:
         """The target's final hidden states [B, T, H] of the batch (from the cache or a live forward) and its tokens."""
         batch = self.tokens(indices)
         if self.cache is not None:
-            hidden = self.cache.batch_hidden([self.offset + i for i in indices], batch["input_ids"].shape[1]).to(self.device)
+            hidden = self.cache.batch_hidden([self.offset + i for i in indices], batch["input_ids"].shape[1]).to(
+                self.device
+            )
         else:
             with torch.no_grad():
                 hidden = last_hidden(self.base_model, batch["input_ids"], batch["attention_mask"])
@@ -90,7 +115,9 @@ def forward_sequences(objective, source: BatchSource, indices: list[int], topk: 
     """A sequential drafter's (loss, stats vector with the chain counts, positions trained)."""
     hidden, batch = source.hidden_and_tokens(indices)
     loss, vector = objective(hidden, batch["input_ids"], batch["loss_mask"], topk=topk)
-    positions = int((head_targets(batch["input_ids"], batch["loss_mask"], source.num_heads) != IGNORE).any(dim=-1).sum())
+    positions = int(
+        (head_targets(batch["input_ids"], batch["loss_mask"], source.num_heads) != IGNORE).any(dim=-1).sum()
+    )
     return loss, vector, positions
 
 
@@ -102,7 +129,9 @@ def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: b
     if medusa2:
         batch = source.tokens(indices)
         loss, vector = objective(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], topk=topk)
-        positions = int((head_targets(batch["input_ids"], batch["loss_mask"], source.num_heads) != IGNORE).any(dim=-1).sum())
+        positions = int(
+            (head_targets(batch["input_ids"], batch["loss_mask"], source.num_heads) != IGNORE).any(dim=-1).sum()
+        )
         return loss, vector[:-1], vector[-1], positions
     rows = source.rows(indices)
     loss, vector = objective(rows.hidden, rows.targets, rows.teacher_hidden, next_tokens=rows.next_tokens, topk=topk)
@@ -126,7 +155,10 @@ def evaluate(objective, source: BatchSource, num_samples: int, config: TrainConf
     k = config.num_heads
     result = Evaluation(HeadStats.zeros(k, config.topk))
     if source.sequential:
-        result.chain_hits, result.chain_count = torch.zeros(k, dtype=torch.float64), torch.zeros(k, dtype=torch.float64)
+        result.chain_hits, result.chain_count = (
+            torch.zeros(k, dtype=torch.float64),
+            torch.zeros(k, dtype=torch.float64),
+        )
     objective.eval()
     with torch.no_grad():
         for start in range(0, num_samples, config.batch_size):
@@ -155,15 +187,24 @@ def accuracy_report(evaluation: Evaluation, topk: int) -> dict:
         "eval_positions": [int(c) for c in stats.count.tolist()],
     }
     if evaluation.chain_hits is not None:
-        report["chain_top1_accuracy"] = [round(float(h / max(c, 1)), 4) for h, c in zip(evaluation.chain_hits, evaluation.chain_count)]
+        report["chain_top1_accuracy"] = [
+            round(float(h / max(c, 1)), 4) for h, c in zip(evaluation.chain_hits, evaluation.chain_count)
+        ]
     return report
 
 
 def describe_accuracy(report: dict, topk: int) -> str:
-    pairs = [f"head {k + 1}: {a:.3f}/{b:.3f}" for k, (a, b) in enumerate(zip(report["top1_accuracy"], report[f"top{topk}_accuracy"]))]
+    pairs = [
+        f"head {k + 1}: {a:.3f}/{b:.3f}"
+        for k, (a, b) in enumerate(zip(report["top1_accuracy"], report[f"top{topk}_accuracy"]))
+    ]
     text = f"held-out top-1/top-{topk} accuracy: " + ", ".join(pairs)
     if "chain_top1_accuracy" in report:
-        text = text.replace("head ", "depth ") + "; chain top-1 (right at every depth so far): " + " / ".join(f"{a:.3f}" for a in report["chain_top1_accuracy"])
+        text = (
+            text.replace("head ", "depth ")
+            + "; chain top-1 (right at every depth so far): "
+            + " / ".join(f"{a:.3f}" for a in report["chain_top1_accuracy"])
+        )
     return text
 
 
@@ -218,7 +259,13 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
     hidden_size = base_model.get_output_embeddings().weight.shape[1]
     cache_dir = config.cache_dir()
     name = f"{getattr(base_model.config, '_name_or_path', '') or config.model} ({base_model.dtype})"
-    fingerprint_value = hidden_cache.fingerprint(samples, model_name=name, hidden_size=hidden_size, num_heads=config.num_heads, from_start=config.drafter == "sequential")
+    fingerprint_value = hidden_cache.fingerprint(
+        samples,
+        model_name=name,
+        hidden_size=hidden_size,
+        num_heads=config.num_heads,
+        from_start=config.drafter == "sequential",
+    )
     from_start = config.drafter == "sequential"
     needed = hidden_cache.estimate_cache_bytes(samples, hidden_size, config.num_heads, from_start)
     info = hidden_cache.read_info(cache_dir)
@@ -226,10 +273,14 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
         log.say(f"hidden-state cache: reusing {cache_dir} ({needed / GIGABYTE:.3g} GB, {info['positions']} positions)")
         return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads, from_start), 0.0
     action = "building" if info is None else "rebuilding (data, model or num_heads changed)"
-    log.say(f"hidden-state cache: {action} {cache_dir}: {needed / GIGABYTE:.3g} GB in bfloat16 (max_cache_gb {config.max_cache_gb})")
+    log.say(
+        f"hidden-state cache: {action} {cache_dir}: {needed / GIGABYTE:.3g} GB in bfloat16 (max_cache_gb {config.max_cache_gb})"
+    )
     hidden_cache.check_size(needed, config.max_cache_gb, cache_dir)
     started = time.perf_counter()
-    bar = tqdm(total=len(samples), desc="caching hidden states", disable=not accelerator.is_main_process, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(samples), desc="caching hidden states", disable=not accelerator.is_main_process, dynamic_ncols=True
+    )
     device = accelerator.device
 
     def hidden_fn(batch):
@@ -252,7 +303,9 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
     bar.close()
     seconds = time.perf_counter() - started
     tokens = sum(int(s.input_ids.numel()) for s in samples)
-    log.say(f"hidden-state cache built in {seconds:.1f} s: body forwards over {tokens} tokens ({tokens / max(seconds, 1e-9):.0f} tokens/s over all ranks)")
+    log.say(
+        f"hidden-state cache built in {seconds:.1f} s: body forwards over {tokens} tokens ({tokens / max(seconds, 1e-9):.0f} tokens/s over all ranks)"
+    )
     return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads, from_start), seconds
 
 
@@ -267,7 +320,9 @@ def write_heads(heads_config: MedusaConfig | DrafterConfig, state: dict, heads_d
     """
     module_class = SequentialDrafter if isinstance(heads_config, DrafterConfig) else MedusaHeads
     heads = module_class(heads_config)
-    heads.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in state.items()})  # draft ids stay integers
+    heads.load_state_dict(
+        {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
+    )  # draft ids stay integers
     temp = heads_dir.with_name(f".tmp-{heads_dir.name}")
     shutil.rmtree(temp, ignore_errors=True)
     heads.save_pretrained(temp)
@@ -348,7 +403,11 @@ def train(config: TrainConfig, *, resume: bool = False, push_to_hub: str | None 
     try:
         run = set_up(config, accelerator, output_dir, resume)
         tokens_trained, run_tokens, step_seconds = run_steps(run)
-        final = evaluate(run.objective, run.eval_source, len(run.data.eval), config, run.medusa2) if run.data.eval else None
+        final = (
+            evaluate(run.objective, run.eval_source, len(run.data.eval), config, run.medusa2)
+            if run.data.eval
+            else None
+        )
         summary = make_summary(run, tokens_trained, run_tokens, step_seconds, final)
         heads_dir, adapter_dir = save_results(run, summary, output_dir)
         push_error = push(heads_dir, push_to_hub, run.log) if push_to_hub and accelerator.is_main_process else None
@@ -372,10 +431,19 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
 
     base_model, tokenizer = load_frozen_target(config, accelerator)
     with accelerator.main_process_first():
-        data = load_training_data(config.data, tokenizer, max_length=config.max_length, eval_fraction=config.eval_fraction, seed=config.seed, data_format=config.data_format)
+        data = load_training_data(
+            config.data,
+            tokenizer,
+            max_length=config.max_length,
+            eval_fraction=config.eval_fraction,
+            seed=config.seed,
+            data_format=config.data_format,
+        )
     log.say(data.stats.describe())
     if data.stats.truncated:
-        log.say(f"note: {data.stats.truncated} sequence(s) were longer than max_length={config.max_length} and were truncated")
+        log.say(
+            f"note: {data.stats.truncated} sequence(s) were longer than max_length={config.max_length} and were truncated"
+        )
 
     world = accelerator.num_processes
     steps_per_epoch = len(data.train) // (config.batch_size * world)
@@ -392,7 +460,9 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
 
     cache_bytes = 0
     if config.precompute_hidden and hidden_cache.read_info(config.cache_dir()) is None:
-        cache_bytes = hidden_cache.estimate_cache_bytes(data.train + data.eval, heads.config.hidden_size, config.num_heads, config.drafter == "sequential")
+        cache_bytes = hidden_cache.estimate_cache_bytes(
+            data.train + data.eval, heads.config.hidden_size, config.num_heads, config.drafter == "sequential"
+        )
     check_free_space(output_dir, estimate_output_bytes(config, objective, cache_bytes))
     cache, cache_seconds = None, 0.0
     if config.precompute_hidden:
@@ -401,27 +471,78 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with_teacher = config.distill_weight > 0
     sequential = config.drafter == "sequential"
-    train_source = BatchSource(data.train, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, 0, sequential)
-    eval_source = BatchSource(data.eval, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, len(data.train), sequential)
+    train_source = BatchSource(
+        data.train, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, 0, sequential
+    )
+    eval_source = BatchSource(
+        data.eval,
+        base_for_batches,
+        config.num_heads,
+        with_teacher,
+        accelerator.device,
+        pad_id,
+        cache,
+        len(data.train),
+        sequential,
+    )
 
     trainable = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
-    scheduler = get_scheduler(config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps)
+    scheduler = get_scheduler(
+        config.lr_scheduler, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=total_steps
+    )
     fill_deepspeed_config(accelerator, config)
     objective, optimizer = accelerator.prepare(objective, optimizer)
     accelerator.register_for_checkpointing(scheduler)
     save_kwargs = {"exclude_frozen_parameters": True} if accelerator.state.deepspeed_plugin is not None else {}
-    data_position = {"train_sequences": len(data.train), "batch_size": config.batch_size, "num_processes": world, "seed": config.seed, "steps_per_epoch": steps_per_epoch}
+    data_position = {
+        "train_sequences": len(data.train),
+        "batch_size": config.batch_size,
+        "num_processes": world,
+        "seed": config.seed,
+        "steps_per_epoch": steps_per_epoch,
+    }
     run = Run(
-        config, accelerator, log, data, heads, objective, optimizer, scheduler, train_source, eval_source, root,
-        total_steps, steps_per_epoch, data_position, save_kwargs, medusa2, cache_seconds, draft_vocab=draft_vocab,
+        config,
+        accelerator,
+        log,
+        data,
+        heads,
+        objective,
+        optimizer,
+        scheduler,
+        train_source,
+        eval_source,
+        root,
+        total_steps,
+        steps_per_epoch,
+        data_position,
+        save_kwargs,
+        medusa2,
+        cache_seconds,
+        draft_vocab=draft_vocab,
     )
     restore(run, resume)
 
     if config.wandb is not None:
-        init = {"wandb": {k: v for k, v in {"entity": config.wandb.entity, "name": config.wandb.name, "tags": config.wandb.tags or None, "dir": str(output_dir)}.items() if v}}
+        init = {
+            "wandb": {
+                k: v
+                for k, v in {
+                    "entity": config.wandb.entity,
+                    "name": config.wandb.name,
+                    "tags": config.wandb.tags or None,
+                    "dir": str(output_dir),
+                }.items()
+                if v
+            }
+        }
         accelerator.init_trackers(config.wandb.project, config=config.to_dict(), init_kwargs=init)
-    what = f"a sequential drafter ({config.num_heads} depths)" if sequential else f"{config.num_heads} heads ({'Medusa-2: heads + LoRA' if medusa2 else 'heads only'})"
+    what = (
+        f"a sequential drafter ({config.num_heads} depths)"
+        if sequential
+        else f"{config.num_heads} heads ({'Medusa-2: heads + LoRA' if medusa2 else 'heads only'})"
+    )
     log.say(
         f"training {what} on {'cached hidden states' if cache else 'live target forwards'} for {total_steps} steps "
         f"({steps_per_epoch} per epoch, batch {config.batch_size} x {world} process(es)) on {accelerator.device}"
@@ -436,7 +557,9 @@ def pick_draft_vocab(config: TrainConfig, data: TokenizedData, vocab_size: int, 
     check_draft_vocab_fits(config, vocab_size)
     draft = choose_draft_vocab(data.train, data.eval, vocab_size, config.draft_vocab_size)
     held_out = f", {draft.eval_coverage:.2%} of held-out ones" if draft.eval_coverage is not None else ""
-    log.say(f"draft vocabulary: the {config.draft_vocab_size} most frequent response tokens of {vocab_size} cover {draft.train_coverage:.2%} of training response tokens{held_out}")
+    log.say(
+        f"draft vocabulary: the {config.draft_vocab_size} most frequent response tokens of {vocab_size} cover {draft.train_coverage:.2%} of training response tokens{held_out}"
+    )
     return draft
 
 
@@ -457,15 +580,21 @@ def restore(run: Run, resume: bool) -> None:
     state = ckpt.read_state(latest[1])
     run.start_step, run.tokens_trained = state["step"], state["tokens_trained"]
     if state.get("data_position") != run.data_position:
-        log.say(f"warning: data or batch layout changed since the checkpoint ({state.get('data_position')} -> {run.data_position}); the sample order after step {run.start_step} differs")
+        log.say(
+            f"warning: data or batch layout changed since the checkpoint ({state.get('data_position')} -> {run.data_position}); the sample order after step {run.start_step} differs"
+        )
     restored_ids = run.heads.draft_token_ids
     if run.draft_vocab is not None and not torch.equal(restored_ids.cpu(), run.draft_vocab.token_ids):
-        log.say("warning: the checkpoint's draft vocabulary differs from the one the current data give (the data changed); training continues with the checkpoint's")
+        log.say(
+            "warning: the checkpoint's draft vocabulary differs from the one the current data give (the data changed); training continues with the checkpoint's"
+        )
         run.draft_vocab = measure_draft_vocab(restored_ids, run.data.train, run.data.eval, run.heads.config.vocab_size)
     log.say(f"resuming from {latest[1]} at step {run.start_step}/{run.total_steps}")
 
 
-def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: float, final: Evaluation | None) -> dict:
+def make_summary(
+    run: Run, tokens_trained: int, run_tokens: int, step_seconds: float, final: Evaluation | None
+) -> dict:
     """The ``training_summary`` stored in the heads' config.json (and shown on the model card)."""
     config, data = run.config, run.data
     summary = {
@@ -485,7 +614,9 @@ def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: f
         "head_loss_weights": [round(w, 4) for w in config.loss_weights()],
         "distill_weight": config.distill_weight,
         "precompute_hidden": config.precompute_hidden,
-        "medusa2_lora": None if config.lora is None else {"r": config.lora.r, "alpha": config.lora.alpha, "target_modules": list(config.lora.target_modules)},
+        "medusa2_lora": None
+        if config.lora is None
+        else {"r": config.lora.r, "alpha": config.lora.alpha, "target_modules": list(config.lora.target_modules)},
         "train_tokens_per_second": round(run_tokens / step_seconds, 1) if step_seconds else None,
         "topk": config.topk,
     }
@@ -514,7 +645,9 @@ def save_results(run: Run, summary: dict, output_dir: Path) -> tuple[Path, Path 
     if not is_zero3(accelerator):
         digests = gather_digests(accelerator, unwrapped)
         summary["ranks_in_sync"] = len(set(digests)) == 1
-        log.say(f"trainable weights sha256 per rank: {digests} ({'in sync' if summary['ranks_in_sync'] else 'NOT IN SYNC'})")
+        log.say(
+            f"trainable weights sha256 per rank: {digests} ({'in sync' if summary['ranks_in_sync'] else 'NOT IN SYNC'})"
+        )
     if accelerator.is_main_process:
         adapter = {"backbone_adapter": True} if run.medusa2 else {}  # Medusa-2 trains Medusa heads only
         heads_config = dataclasses.replace(run.heads.config, training_summary=summary, **adapter)
@@ -550,12 +683,23 @@ def run_steps(run: Run) -> tuple[int, int, float]:
     loss_sum, extra_sum, interval_steps, local_tokens, step_seconds = 0.0, 0.0, 0, 0, 0.0
     tokens_trained, run_tokens = run.tokens_trained, 0
     last_checkpoint = ckpt.latest_complete(run.root)
-    bar = tqdm(total=run.total_steps, initial=run.start_step, desc="training heads", disable=not accelerator.is_main_process, dynamic_ncols=True)
+    bar = tqdm(
+        total=run.total_steps,
+        initial=run.start_step,
+        desc="training heads",
+        disable=not accelerator.is_main_process,
+        dynamic_ncols=True,
+    )
     objective.train()
     for step in range(run.start_step, run.total_steps):
         started = time.perf_counter()
         indices = batch_indices(
-            step, num_samples=len(run.data.train), batch_size=config.batch_size, rank=accelerator.process_index, world_size=accelerator.num_processes, seed=config.seed
+            step,
+            num_samples=len(run.data.train),
+            batch_size=config.batch_size,
+            rank=accelerator.process_index,
+            world_size=accelerator.num_processes,
+            seed=config.seed,
         )
         loss, vector, extra, positions = forward_batch(objective, run.train_source, indices, run.medusa2)
         if config.debug_nan_at_step and step + 1 == config.debug_nan_at_step:
@@ -577,21 +721,37 @@ def run_steps(run: Run) -> tuple[int, int, float]:
         local_tokens += positions
         bar.update(1)
         if done % config.log_every == 0 or done == run.total_steps:
-            stats = HeadStats.from_vector(accelerator.reduce(interval.as_vector().to(accelerator.device), "sum").cpu(), config.num_heads, TRAIN_TOPK)
-            losses = accelerator.reduce(torch.tensor([loss_sum, extra_sum], device=accelerator.device), "mean").tolist()
-            metrics = train_metrics(stats, losses[0], interval_steps, losses[1] if run.medusa2 else None, run.scheduler.get_last_lr()[0])
+            stats = HeadStats.from_vector(
+                accelerator.reduce(interval.as_vector().to(accelerator.device), "sum").cpu(),
+                config.num_heads,
+                TRAIN_TOPK,
+            )
+            losses = accelerator.reduce(
+                torch.tensor([loss_sum, extra_sum], device=accelerator.device), "mean"
+            ).tolist()
+            metrics = train_metrics(
+                stats, losses[0], interval_steps, losses[1] if run.medusa2 else None, run.scheduler.get_last_lr()[0]
+            )
             log.record(metrics, step=done)
             bar.set_postfix(loss=f"{metrics['train/loss']:.3f}", head1_top1=f"{metrics['train/head_top1'][0]:.3f}")
             interval = HeadStats.zeros(config.num_heads, TRAIN_TOPK)
             loss_sum, extra_sum, interval_steps = 0.0, 0.0, 0
         if config.eval_every and done % config.eval_every == 0 and done < run.total_steps and run.data.eval:
-            report = accuracy_report(evaluate(objective, run.eval_source, len(run.data.eval), config, run.medusa2), config.topk)
+            report = accuracy_report(
+                evaluate(objective, run.eval_source, len(run.data.eval), config, run.medusa2), config.topk
+            )
             log.say(f"step {done}: " + describe_accuracy(report, config.topk))
             log.record({f"eval/{k}": v for k, v in report.items()}, step=done)
         if done % config.checkpoint_every == 0 or done == run.total_steps:
             new_tokens = int(accelerator.reduce(torch.tensor([local_tokens], device=accelerator.device), "sum").item())
             tokens_trained, run_tokens, local_tokens = tokens_trained + new_tokens, run_tokens + new_tokens, 0
-            state = {"step": done, "epoch": done / run.steps_per_epoch, "tokens_trained": tokens_trained, "data_position": run.data_position, "config": config.to_dict()}
+            state = {
+                "step": done,
+                "epoch": done / run.steps_per_epoch,
+                "tokens_trained": tokens_trained,
+                "data_position": run.data_position,
+                "config": config.to_dict(),
+            }
             path = ckpt.save_checkpoint(accelerator, run.root, done, state, config.keep_checkpoints, **run.save_kwargs)
             last_checkpoint = (done, path)
         if config.debug_step_sleep_s:
@@ -605,7 +765,11 @@ def stop_if_not_finite(accelerator, loss: torch.Tensor, step: int, steps_per_epo
     bad = torch.tensor([0.0 if torch.isfinite(loss.detach()).item() else 1.0], device=accelerator.device)
     if accelerator.reduce(bad, "sum").item() == 0:
         return
-    where = f"the last good checkpoint is {last_checkpoint[1]} (step {last_checkpoint[0]}); continue from it with --resume" if last_checkpoint else "no checkpoint had been written yet"
+    where = (
+        f"the last good checkpoint is {last_checkpoint[1]} (step {last_checkpoint[0]}); continue from it with --resume"
+        if last_checkpoint
+        else "no checkpoint had been written yet"
+    )
     raise NonFiniteLossError(
         f"training loss is {float(loss.detach())} (not finite) at step {step} (epoch {math.floor((step - 1) / steps_per_epoch) + 1}); "
         f"stopped before applying it, {where}. Common causes: learning_rate too high, bad data, float16 overflow"

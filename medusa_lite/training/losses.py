@@ -79,7 +79,12 @@ def gather_rows(
         ahead = (position[:, None] + offsets[None, :]).clamp(max=hidden.shape[1] - 1)  # [P, K]
         teacher = source[batch_index[:, None], ahead]
     next_tokens = input_ids[batch_index, position + 1]  # exists: a row has a target at n+2 or later
-    return Rows(hidden=hidden[batch_index, position], next_tokens=next_tokens, targets=targets[batch_index, position], teacher_hidden=teacher)
+    return Rows(
+        hidden=hidden[batch_index, position],
+        next_tokens=next_tokens,
+        targets=targets[batch_index, position],
+        teacher_hidden=teacher,
+    )
 
 
 def kl_per_row(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
@@ -117,11 +122,11 @@ class HeadStats:
     rank_hits: torch.Tensor  # [K, topk]
 
     @classmethod
-    def zeros(cls, num_heads: int, topk: int, device=None) -> "HeadStats":
+    def zeros(cls, num_heads: int, topk: int, device=None) -> HeadStats:
         z = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
         return cls(z(num_heads), z(num_heads), z(num_heads), z(num_heads), z(num_heads, topk))
 
-    def add(self, other: "HeadStats") -> None:
+    def add(self, other: HeadStats) -> None:
         self.ce_sum += other.ce_sum.double()
         self.kl_sum += other.kl_sum.double()
         self.count += other.count.double()
@@ -132,9 +137,11 @@ class HeadStats:
         return torch.cat([self.ce_sum, self.kl_sum, self.count, self.ce_count, self.rank_hits.flatten()])
 
     @classmethod
-    def from_vector(cls, vector: torch.Tensor, num_heads: int, topk: int) -> "HeadStats":
+    def from_vector(cls, vector: torch.Tensor, num_heads: int, topk: int) -> HeadStats:
         k = num_heads
-        return cls(vector[:k], vector[k : 2 * k], vector[2 * k : 3 * k], vector[3 * k : 4 * k], vector[4 * k :].view(k, topk))
+        return cls(
+            vector[:k], vector[k : 2 * k], vector[2 * k : 3 * k], vector[3 * k : 4 * k], vector[4 * k :].view(k, topk)
+        )
 
     def mean_ce(self) -> list[float]:
         """Mean CE over the targets the heads can predict (all of them without a draft vocabulary)."""
@@ -169,7 +176,9 @@ def chunk_loss(
     """
     num_rows, num_heads, vocab = logits.shape
     ce_targets = torch.where(targets == OUT_OF_DRAFT, IGNORE, targets)
-    ce = F.cross_entropy(logits.reshape(-1, vocab).float(), ce_targets.reshape(-1), ignore_index=IGNORE, reduction="none").view(num_rows, num_heads)
+    ce = F.cross_entropy(
+        logits.reshape(-1, vocab).float(), ce_targets.reshape(-1), ignore_index=IGNORE, reduction="none"
+    ).view(num_rows, num_heads)
     ce_sum = ce.sum(dim=0)
     kl_sum = torch.zeros_like(ce_sum)
     if teacher_logits is not None:
@@ -238,7 +247,9 @@ def response_positions(loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return torch.nonzero(predicts_response, as_tuple=True)
 
 
-def chunked_kl(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, project: Callable, chunk_size: int) -> torch.Tensor:
+def chunked_kl(
+    student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, project: Callable, chunk_size: int
+) -> torch.Tensor:
     """Mean over rows of KL(project(teacher) || project(student)), one chunk of logits at a time."""
 
     def run(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:

@@ -45,7 +45,10 @@ def heads_logits(heads: MedusaHeads, head_hidden: torch.Tensor, base_lm_head: nn
     """Per-head hidden states [P, K, H] -> logits [P, K, G] (float32; G: D with a draft vocabulary, else V)."""
     if heads.config.use_base_lm_head:
         return heads.project(head_hidden.to(base_lm_head.weight.dtype), base_lm_head).float()
-    return torch.stack([head.lm_head(head_hidden[:, k].to(head.lm_head.weight.dtype)).float() for k, head in enumerate(heads.heads)], dim=1)
+    return torch.stack(
+        [head.lm_head(head_hidden[:, k].to(head.lm_head.weight.dtype)).float() for k, head in enumerate(heads.heads)],
+        dim=1,
+    )
 
 
 def teacher_logits(heads: MedusaHeads, hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
@@ -66,7 +69,9 @@ def guess_targets(heads: MedusaHeads, targets: torch.Tensor) -> torch.Tensor:
     return to_draft_targets(targets, heads.draft_token_ids, heads.config.vocab_size)
 
 
-def run_heads(heads: MedusaHeads, hidden: torch.Tensor, next_tokens: torch.Tensor | None, input_embeddings: nn.Module | None) -> torch.Tensor:
+def run_heads(
+    heads: MedusaHeads, hidden: torch.Tensor, next_tokens: torch.Tensor | None, input_embeddings: nn.Module | None
+) -> torch.Tensor:
     """Per-head hidden states [P, K, H] in the heads' dtype; ``next_tokens`` [P] are embedded only for heads that read them."""
     parameter = next(heads.parameters())
     embeds = input_embeddings(next_tokens).to(parameter.dtype) if heads.config.next_token_input else None
@@ -74,7 +79,13 @@ def run_heads(heads: MedusaHeads, hidden: torch.Tensor, next_tokens: torch.Tenso
 
 
 class HeadsObjective(nn.Module):
-    def __init__(self, heads: MedusaHeads, base_lm_head: nn.Module, settings: LossSettings, input_embeddings: nn.Module | None = None):
+    def __init__(
+        self,
+        heads: MedusaHeads,
+        base_lm_head: nn.Module,
+        settings: LossSettings,
+        input_embeddings: nn.Module | None = None,
+    ):
         """``input_embeddings``: the base model's, needed by heads with ``config.next_token_input``."""
         super().__init__()
         if heads.config.next_token_input and input_embeddings is None:
@@ -91,7 +102,14 @@ class HeadsObjective(nn.Module):
     def input_embeddings(self) -> nn.Module | None:
         return self._frozen[1]
 
-    def forward(self, hidden: torch.Tensor, targets: torch.Tensor, teacher_hidden: torch.Tensor | None = None, next_tokens: torch.Tensor | None = None, topk: int = 1):
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        targets: torch.Tensor,
+        teacher_hidden: torch.Tensor | None = None,
+        next_tokens: torch.Tensor | None = None,
+        topk: int = 1,
+    ):
         """``topk``: ranks counted in the stats (1 while training, the configured k when evaluating).
 
         ``next_tokens`` [P]: token n+1 of each row, read by heads with ``config.next_token_input``.
@@ -140,7 +158,9 @@ class Medusa2Objective(nn.Module):
         hidden = last_hidden(self.model, input_ids, attention_mask)
         with torch.no_grad(), self.model.disable_adapter():
             original = last_hidden(self.model, input_ids, attention_mask)
-        rows = gather_rows(hidden, input_ids, loss_mask, num_heads, with_teacher=s.distill_weight > 0, teacher_source=original)
+        rows = gather_rows(
+            hidden, input_ids, loss_mask, num_heads, with_teacher=s.distill_weight > 0, teacher_source=original
+        )
         loss, stats = head_loss(
             run_heads(self.heads, rows.hidden.float(), rows.next_tokens, self.model.get_input_embeddings()),
             guess_targets(self.heads, rows.targets),
@@ -153,5 +173,12 @@ class Medusa2Objective(nn.Module):
             chunk_size=s.chunk_size,
         )
         batch_index, position = response_positions(loss_mask)
-        base_kl = chunked_kl(hidden[batch_index, position], original[batch_index, position], lambda h: project_with(self.lm_head, h), s.chunk_size)
-        return loss + self.base_distill_weight * base_kl, torch.cat([stats.as_vector(), base_kl.detach().double()[None]])
+        base_kl = chunked_kl(
+            hidden[batch_index, position],
+            original[batch_index, position],
+            lambda h: project_with(self.lm_head, h),
+            s.chunk_size,
+        )
+        return loss + self.base_distill_weight * base_kl, torch.cat(
+            [stats.as_vector(), base_kl.detach().double()[None]]
+        )

@@ -69,16 +69,24 @@ def without_zero3_init(accelerator):
 def check_draft_vocab_fits(config: TrainConfig, vocab_size: int) -> None:
     """The one draft vocabulary check that needs the model: D cannot exceed its vocabulary."""
     if config.draft_vocab_size is not None and config.draft_vocab_size > vocab_size:
-        raise TrainingConfigError(f"config: draft_vocab_size {config.draft_vocab_size} exceeds the model's vocabulary of {vocab_size} tokens; lower it or set it to null")
+        raise TrainingConfigError(
+            f"config: draft_vocab_size {config.draft_vocab_size} exceeds the model's vocabulary of {vocab_size} tokens; lower it or set it to null"
+        )
 
 
-def fresh_heads(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None = None) -> MedusaHeads | SequentialDrafter:
+def fresh_heads(
+    config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None = None
+) -> MedusaHeads | SequentialDrafter:
     """Fresh heads (or a sequential drafter, per ``config.drafter``) for ``base_model``; with
     ``draft_token_ids`` they guess among those tokens only."""
     if config.drafter == "sequential":
         return fresh_drafter(config, base_model, draft_token_ids)
     heads = MedusaModel.with_new_heads(
-        base_model, config.num_heads, num_layers=config.num_layers, use_base_lm_head=config.use_base_lm_head, draft_token_ids=draft_token_ids,
+        base_model,
+        config.num_heads,
+        num_layers=config.num_layers,
+        use_base_lm_head=config.use_base_lm_head,
+        draft_token_ids=draft_token_ids,
         next_token_input=config.next_token_input,
     ).heads
     if config.model == DEFAULT_MODEL_KEYWORD:
@@ -107,26 +115,43 @@ def add_lora(config: TrainConfig, base_model):
     from peft import LoraConfig, get_peft_model
 
     settings = config.lora
-    lora_config = LoraConfig(r=settings.r, lora_alpha=settings.alpha, lora_dropout=settings.dropout, target_modules=list(settings.target_modules), bias="none", task_type="CAUSAL_LM")
+    lora_config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     try:
         return get_peft_model(base_model, lora_config)
     except ValueError as error:
-        raise TrainingConfigError(f"lora.target_modules {settings.target_modules} do not fit the model: {error}") from error
+        raise TrainingConfigError(
+            f"lora.target_modules {settings.target_modules} do not fit the model: {error}"
+        ) from error
 
 
 def build_objective(config: TrainConfig, base_model, heads: MedusaHeads | SequentialDrafter):
-    settings = LossSettings(weights=config.loss_weights(), distill_weight=config.distill_weight, chunk_size=config.loss_chunk_positions)
+    settings = LossSettings(
+        weights=config.loss_weights(), distill_weight=config.distill_weight, chunk_size=config.loss_chunk_positions
+    )
     if isinstance(heads, SequentialDrafter):
-        return DrafterObjective(heads, base_model.get_output_embeddings(), base_model.get_input_embeddings(), settings), base_model
+        return DrafterObjective(
+            heads, base_model.get_output_embeddings(), base_model.get_input_embeddings(), settings
+        ), base_model
     if config.lora is None:
-        return HeadsObjective(heads, base_model.get_output_embeddings(), settings, base_model.get_input_embeddings()), base_model
+        return HeadsObjective(
+            heads, base_model.get_output_embeddings(), settings, base_model.get_input_embeddings()
+        ), base_model
     peft_model = add_lora(config, base_model)
     return Medusa2Objective(peft_model, heads, settings, config.lora.distill_weight), peft_model
 
 
 def needs_gloo() -> bool:
     """CPU-only distributed runs (incl. DeepSpeed, which would ask for NCCL) need the gloo backend."""
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    distributed = (
+        int(os.environ.get("WORLD_SIZE", "1")) > 1 or os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true"
+    )
     return distributed and not torch.cuda.is_available()
 
 
@@ -161,5 +186,3 @@ def fill_deepspeed_config(accelerator, config: TrainConfig) -> None:
 def is_zero3(accelerator) -> bool:
     plugin = accelerator.state.deepspeed_plugin
     return plugin is not None and plugin.zero_stage == 3
-
-
