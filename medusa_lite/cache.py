@@ -18,7 +18,9 @@ from medusa_lite.model import MedusaModel, text_config
 
 
 def empty_buffer(states: torch.Tensor, capacity: int) -> torch.Tensor:
-    """An uninitialised [..., capacity, head_dim] tensor shaped, typed and placed like ``states`` [..., length, head_dim]."""
+    """An uninitialised [..., capacity, head_dim] tensor shaped, typed and placed like ``states`` [..., length,
+    head_dim].
+    """
     return states.new_empty(*states.shape[:-2], capacity, states.shape[-1])
 
 

@@ -57,7 +57,9 @@ SUBCOMMANDS = {  # name -> "module:function(argv) -> exit status", imported only
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="medusa-lite",
-        description="Generate with exact Medusa speculative decoding (the default subcommand, also `medusa-lite generate`).",
+        description=(
+            "Generate with exact Medusa speculative decoding (the default subcommand, also `medusa-lite generate`)."
+        ),
         epilog=f"other subcommands: {', '.join(SUBCOMMANDS)} (`medusa-lite SUBCOMMAND --help`)",
     )
     parser.add_argument("--prompt", default=DEFAULT_PROMPT, help="the user message (default: a demo question)")
@@ -77,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--datastore-tokens",
         type=int,
         default=DEFAULT_DATASTORE_TOKENS,
-        help=f"guesses per step from the datastore beside the heads, where the text has no match (0 = none; default {DEFAULT_DATASTORE_TOKENS})",
+        help=(
+            "guesses per step from the datastore beside the heads, where the text has no match (0 = none; "
+            f"default {DEFAULT_DATASTORE_TOKENS})"
+        ),
     )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-k", type=int, default=None)
@@ -109,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
 def summary_line(run: TimedRun, mean_accepted: float, tree: str, dtype: str) -> str:
     return (
         f"[medusa-lite] {run.tokens.numel()} new tokens in {run.seconds:.2f} s: {run.tokens_per_second:.1f} tokens/s, "
-        f"{mean_accepted:.2f} mean accepted tokens per target call ({tree}, {dtype}, {torch.get_num_threads()} threads; "
+        f"{mean_accepted:.2f} mean accepted tokens per target call ({tree}, {dtype}, "
+        f"{torch.get_num_threads()} threads; "
         f"kernel {kernel_path().describe()})"
     )
 
@@ -118,7 +124,8 @@ def compare_line(medusa: TimedRun, plain: TimedRun, greedy: bool) -> str:
     speedup = medusa.tokens_per_second / plain.tokens_per_second if plain.tokens_per_second else 0.0
     identical = ("yes" if torch.equal(medusa.tokens, plain.tokens) else "NO") if greedy else "n/a (sampling)"
     return (
-        f"[plain generate] {plain.tokens.numel()} new tokens in {plain.seconds:.2f} s: {plain.tokens_per_second:.1f} tokens/s | "
+        f"[plain generate] {plain.tokens.numel()} new tokens in {plain.seconds:.2f} s: "
+        f"{plain.tokens_per_second:.1f} tokens/s | "
         f"speed-up {speedup:.2f}x | identical outputs: {identical}"
     )
 

@@ -148,7 +148,8 @@ class Datastore:
         """Raise unless the datastore was built for a model with ``vocab_size`` ids."""
         if self.vocab_size != vocab_size:
             raise DatastoreError(
-                f"the datastore was built for a vocabulary of {self.vocab_size} ids, the model has {vocab_size}: build one for this model (medusa-lite build-datastore)"
+                f"the datastore was built for a vocabulary of {self.vocab_size} ids, the model has "
+                f"{vocab_size}: build one for this model (medusa-lite build-datastore)"
             )
 
 
@@ -218,7 +219,8 @@ def check_tokens(tokens: torch.Tensor, vocab_size: int) -> None:
         raise DatastoreError(f"datastore tokens must be a 1-D int64 tensor, got {tuple(tokens.shape)} {tokens.dtype}")
     if tokens.numel() and (int(tokens.min()) < SEPARATOR or int(tokens.max()) >= vocab_size):
         raise DatastoreError(
-            f"datastore holds ids outside [0, {vocab_size}) (separator {SEPARATOR}): min {int(tokens.min())}, max {int(tokens.max())}"
+            f"datastore holds ids outside [0, {vocab_size}) (separator {SEPARATOR}): min "
+            f"{int(tokens.min())}, max {int(tokens.max())}"
         )
 
 

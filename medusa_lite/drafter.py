@@ -104,7 +104,8 @@ class DrafterConfig:
             raise ValueError(f"DrafterConfig.kind must be {DRAFTER_KIND!r}, got {self.kind!r}")
         if self.hidden_size % self.num_attention_heads or self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
-                f"DrafterConfig: hidden_size {self.hidden_size} must be a multiple of num_attention_heads {self.num_attention_heads}, "
+                f"DrafterConfig: hidden_size {self.hidden_size} must be a multiple of num_attention_heads "
+                f"{self.num_attention_heads}, "
                 f"itself a multiple of num_key_value_heads {self.num_key_value_heads}"
             )
         draft = self.draft_vocab_size
@@ -112,7 +113,8 @@ class DrafterConfig:
             not isinstance(draft, int) or isinstance(draft, bool) or not 1 <= draft <= self.vocab_size
         ):
             raise ValueError(
-                f"DrafterConfig.draft_vocab_size must be None or an integer in [1, vocab_size = {self.vocab_size}], got {draft!r}"
+                "DrafterConfig.draft_vocab_size must be None or an integer in [1, vocab_size = "
+                f"{self.vocab_size}], got {draft!r}"
             )
 
     @property
@@ -259,7 +261,8 @@ class SequentialDrafter(
         if isinstance(base_lm_head, DraftLMHead):
             if self.draft_token_ids is None or base_lm_head.weight.shape[0] != self.config.draft_vocab_size:
                 raise DraftVocabError(
-                    f"a DraftLMHead of {base_lm_head.weight.shape[0]} rows does not fit a drafter whose draft vocabulary size is {self.config.draft_vocab_size}"
+                    f"a DraftLMHead of {base_lm_head.weight.shape[0]} rows does not fit a drafter whose "
+                    f"draft vocabulary size is {self.config.draft_vocab_size}"
                 )
             return base_lm_head(normed.to(base_lm_head.weight.dtype))
         if self.draft_token_ids is not None:
@@ -351,7 +354,8 @@ class SequentialDrafter(
             problem = draft_ids_problem(token_ids, self.config.vocab_size)
             if problem is not None:
                 raise HeadsFileError(
-                    f"drafter weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for another vocabulary"
+                    f"drafter weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for "
+                    "another vocabulary"
                 )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
@@ -381,7 +385,9 @@ def config_kind(path: Path) -> str | None:
 
 
 def holds_drafter(source) -> bool:
-    """Whether a resolved artifact (:class:`~medusa_lite.resolve.ArtifactSource`) holds a sequential drafter, not Medusa heads."""
+    """Whether a resolved artifact (:class:`~medusa_lite.resolve.ArtifactSource`) holds a sequential drafter, not
+    Medusa heads.
+    """
     return config_kind(heads_file(source, CONFIG_NAME)) == DRAFTER_KIND
 
 

@@ -47,13 +47,17 @@ def check_drafter_fits(model, drafter: SequentialDrafter) -> None:
     hidden = model.base_model.get_input_embeddings().weight.shape[1]
     if drafter.config.hidden_size != hidden or drafter.config.vocab_size != model.vocab_size:
         raise IncompatibleHeadsError(
-            f"the drafter expects hidden size {drafter.config.hidden_size} and vocab size {drafter.config.vocab_size}, but the model has "
-            f"{hidden} and {model.vocab_size}: it was trained for another model ({drafter.config.base_model_name_or_path!r})"
+            f"the drafter expects hidden size {drafter.config.hidden_size} and vocab size "
+            f"{drafter.config.vocab_size}, but the model has "
+            f"{hidden} and {model.vocab_size}: it was trained for another model "
+            f"({drafter.config.base_model_name_or_path!r})"
         )
 
 
 def candidate_count_limit(topk: int, depth: int) -> int:
-    """The most candidates :func:`grow_candidates` makes: ``topk`` at depth 1, ``topk`` x ``topk`` per further depth."""
+    """The most candidates :func:`grow_candidates` makes: ``topk`` at depth 1, ``topk`` x ``topk`` per further
+    depth.
+    """
     return topk + max(depth - 1, 0) * topk * topk if depth > 0 else 0
 
 
@@ -79,7 +83,8 @@ class SequentialDrafterProposer(Proposer):
     def __post_init__(self) -> None:
         if not isinstance(self.drafter, SequentialDrafter):
             raise GenerationInputError(
-                f"SequentialDrafterProposer needs a medusa_lite.drafter.SequentialDrafter, got {type(self.drafter).__name__}"
+                "SequentialDrafterProposer needs a medusa_lite.drafter.SequentialDrafter, got "
+                f"{type(self.drafter).__name__}"
             )
         for name in ("topk", "max_new_nodes"):
             value = getattr(self, name)
@@ -93,7 +98,8 @@ class SequentialDrafterProposer(Proposer):
             )
         if self.costs is not None and not isinstance(self.costs, DynamicTree):
             raise GenerationInputError(
-                f"SequentialDrafterProposer.costs must be a DynamicTree (its row_costs) or None, got {type(self.costs).__name__}"
+                "SequentialDrafterProposer.costs must be a DynamicTree (its row_costs) or None, got "
+                f"{type(self.costs).__name__}"
             )
 
     def draft_depth(self, max_depth: int | None) -> int:
@@ -155,7 +161,8 @@ class DrafterRun(Proposer):
         expected = step.history.numel() - 1 - self.cache.length
         if count != expected:
             raise GenerationInputError(
-                f"the drafter holds {self.cache.length} committed pairs and got {count} fresh hidden states for {expected} new tokens"
+                f"the drafter holds {self.cache.length} committed pairs and got {count} fresh hidden states "
+                f"for {expected} new tokens"
             )
         self.cache, self.root = commit_pairs(
             self.drafter, self.cache, fresh, step.history[-count:], self.embed, self.lm_head

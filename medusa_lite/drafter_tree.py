@@ -135,7 +135,9 @@ def grow_candidates(
     depth: int,
     topk: int,
 ) -> Candidates:
-    """Candidates to ``depth`` (EAGLE-2): each depth expands the ``topk`` best frontier nodes, each offering its top-``topk`` children."""
+    """Candidates to ``depth`` (EAGLE-2): each depth expands the ``topk`` best frontier nodes, each offering its
+    top-``topk`` children.
+    """
     candidates = Candidates([root_token], [0], [0], [0.0])
     k = min(topk, root.logits.shape[-1])
     first = torch.log_softmax(root.logits, dim=-1).topk(k)

@@ -93,7 +93,8 @@ class MedusaConfig:
             )
             if not self.use_base_lm_head:
                 raise HeadsConfigError(
-                    "MedusaConfig.draft_vocab_size needs use_base_lm_head=True: a draft vocabulary selects rows of the base "
+                    "MedusaConfig.draft_vocab_size needs use_base_lm_head=True: a draft vocabulary selects "
+                    "rows of the base "
                     "model's lm_head, but these heads have their own lm_head (use_base_lm_head=False)"
                 )
         if self.base_model_name_or_path is not None and not isinstance(self.base_model_name_or_path, str):
@@ -233,7 +234,10 @@ def draft_ids_problem(token_ids: torch.Tensor, vocab_size: int) -> str | None:
     if low < 0 or high >= vocab_size:
         return f"holds token id {low if low < 0 else high}, outside the vocabulary [0, {vocab_size})"
     if torch.unique(token_ids).numel() != token_ids.numel():
-        return f"repeats token ids ({token_ids.numel() - torch.unique(token_ids).numel()} duplicate(s)); each id must appear once"
+        return (
+            f"repeats token ids ({token_ids.numel() - torch.unique(token_ids).numel()} duplicate(s)); each id "
+            "must appear once"
+        )
     return None
 
 
@@ -315,7 +319,8 @@ class MedusaHeads(
         """Set the D token ids the heads guess among (D = ``config.draft_vocab_size``)."""
         if self.draft_token_ids is None:
             raise DraftVocabError(
-                "these heads have no draft vocabulary (config.draft_vocab_size is None); build them with draft_vocab_size set"
+                "these heads have no draft vocabulary (config.draft_vocab_size is None); build them with "
+                "draft_vocab_size set"
             )
         token_ids = torch.as_tensor(token_ids)
         problem = draft_ids_problem(token_ids, self.config.vocab_size)
@@ -357,8 +362,10 @@ class MedusaHeads(
         if isinstance(base_lm_head, DraftLMHead):
             if self.draft_token_ids is None or base_lm_head.weight.shape[0] != self.config.draft_vocab_size:
                 raise DraftVocabError(
-                    f"a DraftLMHead of {base_lm_head.weight.shape[0]} rows was given to heads whose draft vocabulary size is "
-                    f"{self.config.draft_vocab_size}; pass the base model's lm_head or a DraftLMHead made from these heads' ids"
+                    f"a DraftLMHead of {base_lm_head.weight.shape[0]} rows was given to heads whose draft "
+                    "vocabulary size is "
+                    f"{self.config.draft_vocab_size}; pass the base model's lm_head or a DraftLMHead made "
+                    "from these heads' ids"
                 )
             return base_lm_head(head_hidden)
         if self.draft_token_ids is not None:
@@ -428,7 +435,8 @@ class MedusaHeads(
             problem = draft_ids_problem(token_ids, self.config.vocab_size)
             if problem is not None:
                 raise HeadsFileError(
-                    f"Medusa heads weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for another vocabulary"
+                    f"Medusa heads weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written "
+                    "for another vocabulary"
                 )
         return super().load_state_dict(state_dict, strict=strict, assign=assign)
 

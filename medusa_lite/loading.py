@@ -134,7 +134,9 @@ def dynamic_tree_from(values: object, path: Path) -> DynamicTree:
 
 
 def write_tree_file(path: str | os.PathLike, tree: Tree, notes: dict, dynamic: DynamicTree | None = None) -> Path:
-    """Write ``tree.json``: the tree's paths, a dynamic policy if given, and free-form ``notes`` (how they were chosen)."""
+    """Write ``tree.json``: the tree's paths, a dynamic policy if given, and free-form ``notes`` (how they were
+    chosen).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     values = {"format": TREE_FILE_FORMAT, "num_nodes": tree.num_nodes, "paths": [list(p) for p in tree.paths]}
@@ -157,7 +159,9 @@ def find_tree_file(heads_source: str | os.PathLike | ArtifactSource) -> Path | N
 def resolve_datastore(
     datastore: DatastoreSpec, heads_source: ArtifactSource | None, vocab_size: int
 ) -> Datastore | None:
-    """A :class:`Datastore` as given, read from a path, found beside the heads (``True``), or none (``False``/``None``)."""
+    """A :class:`Datastore` as given, read from a path, found beside the heads (``True``), or none
+    (``False``/``None``).
+    """
     if datastore is None or datastore is False:
         return None
     if isinstance(datastore, Datastore):
@@ -233,19 +237,23 @@ def heads_source_for(model: str | os.PathLike | None, heads: str | os.PathLike |
         )
     if not (DEFAULT_HEADS_DIR / "config.json").is_file():
         raise MissingHeadsError(
-            f"the default model's shipped heads are missing from {DEFAULT_HEADS_DIR} (config.json + model.safetensors): "
+            f"the default model's shipped heads are missing from {DEFAULT_HEADS_DIR} (config.json + "
+            "model.safetensors): "
             "reinstall medusa-lite, or train heads with the train/ pipeline and pass heads=<folder>"
         )
     return DEFAULT_HEADS_DIR
 
 
 def verification_rows(num_nodes: int) -> int:
-    """The most rows a decoding step verifies with a tree of ``num_nodes``: its nodes + the default lookups' longest chain."""
+    """The most rows a decoding step verifies with a tree of ``num_nodes``: its nodes + the default lookups' longest
+    chain.
+    """
     return num_nodes + default_lookups().max_nodes(StepLimits(model=None, max_depth=None))
 
 
 def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None, rows: int | None = None) -> None:
-    """Pack ``base``'s linear layers for verifying ``rows`` rows (default: ``tree`` plus the default prompt-lookup chain).
+    """Pack ``base``'s linear layers for verifying ``rows`` rows (default: ``tree`` plus the default prompt-lookup
+    chain).
 
     ``prepack`` None: when :func:`~medusa_lite.prepack.prepack_supported`; True: always (raise
     :class:`~medusa_lite.errors.UnsupportedModelError` when unsupported); False: never.
@@ -357,7 +365,8 @@ def load_with_drafter(
         tree = read_tree_file(find_tree_file(source))
     if tree is not None and not isinstance(tree, DynamicTree):
         raise TreeError(
-            "a sequential drafter grows its own tree each step: pass tree=None or a DynamicTree (the budget and price of its rows)"
+            "a sequential drafter grows its own tree each step: pass tree=None or a DynamicTree (the budget "
+            "and price of its rows)"
         )
     policy = tree if tree is not None else DynamicTree(1 + DEFAULT_DRAFTER_NODES, UNMEASURED_ROW_COSTS)
     base, tokenizer = load_target(model, dtype, device)
@@ -377,6 +386,8 @@ def load_with_drafter(
 
 
 def priced_here(model: MedusaModel, policy: DynamicTree) -> DynamicTree:
-    """``policy`` with this machine's step costs for ``model`` (:func:`medusa_lite.costs.step_costs`: cached, or measured now)."""
+    """``policy`` with this machine's step costs for ``model`` (:func:`medusa_lite.costs.step_costs`: cached, or
+    measured now).
+    """
     costs = step_costs(model, verification_rows(policy.num_nodes))
     return policy.with_costs(costs.row_costs, costs.heads_cost)

@@ -68,7 +68,8 @@ def check_heads_fit(base_model: PreTrainedModel, config: MedusaConfig) -> None:
     if config.hidden_size != model_config.hidden_size:
         raise IncompatibleHeadsError(
             f"Medusa heads expect hidden size {config.hidden_size} but the model has hidden size "
-            f"{model_config.hidden_size}: these heads were trained for another model ({config.base_model_name_or_path!r})"
+            f"{model_config.hidden_size}: these heads were trained for another model "
+            f"({config.base_model_name_or_path!r})"
         )
     if config.vocab_size != vocab:
         raise IncompatibleHeadsError(
@@ -89,7 +90,8 @@ def check_tree_attention_supported(base_model: PreTrainedModel) -> None:
     if implementation not in TREE_CAPABLE_ATTENTION:
         raise UnsupportedModelError(
             f"attention implementation {implementation!r} cannot take the custom 4D tree attention mask; "
-            f"load the model with attn_implementation={TREE_SDPA!r} (registered by importing medusa_lite), 'sdpa' or 'eager'"
+            f"load the model with attn_implementation={TREE_SDPA!r} (registered by importing medusa_lite), "
+            "'sdpa' or 'eager'"
         )
 
 
@@ -168,7 +170,9 @@ class MedusaModel(nn.Module):
         draft_token_ids: torch.Tensor | None = None,
         next_token_input: bool = False,
     ) -> MedusaModel:
-        """Attach freshly initialised heads sized for ``base_model``; ``draft_token_ids``: guess among these tokens only."""
+        """Attach freshly initialised heads sized for ``base_model``; ``draft_token_ids``: guess among these tokens
+        only.
+        """
         config = MedusaConfig(
             num_heads=num_heads,
             hidden_size=text_config(base_model).hidden_size,
@@ -281,7 +285,8 @@ class MedusaModel(nn.Module):
         if k > self.guess_vocab_size:
             among = "their draft vocabulary" if self.heads.draft_token_ids is not None else "the vocabulary"
             raise TreeError(
-                f"asked for each head's top-{k} guesses but the heads guess among only {self.guess_vocab_size} tokens ({among})"
+                f"asked for each head's top-{k} guesses but the heads guess among only "
+                f"{self.guess_vocab_size} tokens ({among})"
             )
         ranked = logits.topk(k, dim=-1)
         ids = self.heads.draft_token_ids

@@ -69,7 +69,10 @@ def prepack_unsupported_reason(model: nn.Module) -> str | None:
     if parameter.dtype != torch.float32:
         return f"the model's weights are {dtype_name(parameter.dtype)}, not float32"
     if default_backend() is None:
-        return f"the row_gemm kernel is unavailable ({row_gemm_unavailable_reason()}) and this PyTorch build has no MKL packed linear ops"
+        return (
+            f"the row_gemm kernel is unavailable ({row_gemm_unavailable_reason()}) and this PyTorch build has no "
+            "MKL packed linear ops"
+        )
     return None
 
 
@@ -83,7 +86,8 @@ def check_prepack_supported(model: nn.Module) -> None:
     reason = prepack_unsupported_reason(model)
     if reason is not None:
         raise UnsupportedModelError(
-            f"cannot pre-pack linear weights: {reason} (pre-packing needs float32 weights on CPU and either an AVX2 or "
+            f"cannot pre-pack linear weights: {reason} (pre-packing needs float32 weights on CPU and either "
+            "an AVX2 or "
             "AVX-512 CPU with a C compiler or a PyTorch built with MKL)"
         )
 
@@ -96,7 +100,9 @@ def rows_of(inputs: torch.Tensor) -> int:
 def row_gemm_linear(
     inputs: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None
 ) -> torch.Tensor:
-    """``F.linear(inputs, weight, bias)`` [..., out_features] through the row_gemm kernel, ``packed`` being the weight's packed copy."""
+    """``F.linear(inputs, weight, bias)`` [..., out_features] through the row_gemm kernel, ``packed`` being the
+    weight's packed copy.
+    """
     output = row_gemm(inputs.reshape(rows_of(inputs), inputs.shape[-1]), packed, out_features)
     if bias is not None:
         output += bias
@@ -111,7 +117,8 @@ def weight_signature(weight: torch.Tensor) -> tuple:
 def packed_copy_applies(
     weight: torch.Tensor, packed_from: tuple, inputs: torch.Tensor, min_rows: int, max_rows: int
 ) -> bool:
-    """Whether ``inputs`` @ ``weight``.T may use a packed copy of ``weight`` made when its signature was ``packed_from``.
+    """Whether ``inputs`` @ ``weight``.T may use a packed copy of ``weight`` made when its signature was
+    ``packed_from``.
 
     Only for inputs of ``min_rows`` to ``max_rows`` rows in the weight's dtype, without gradients
     (training takes the usual path) and while the weight is unchanged (:func:`weight_signature`).

@@ -193,7 +193,8 @@ def expected_accepted_tokens(tree: Tree, topk_accuracy: Sequence[Sequence[float]
 
 
 # Per-rank accuracies of four heads on SmolLM2-135M-Instruct, measured on held-out self-distilled
-# data (../shared/DESIGN.md §2, the team's design notes: top-1 0.43/0.28/0.22/0.17, top-5 0.67/0.49/0.40/0.34, ranks 2-5 split
+# data (../shared/DESIGN.md §2, the team's design notes: top-1 0.43/0.28/0.22/0.17, top-5 0.67/0.49/0.40/0.34, ranks
+# 2-5 split
 # evenly). Only used to shape the default tree when heads ship no measured accuracies.
 REFERENCE_TOPK_ACCURACY = (
     (0.43, 0.06, 0.06, 0.06, 0.06),

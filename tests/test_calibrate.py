@@ -89,7 +89,9 @@ def test_measure_step_costs_on_tiny_model():
 
 @pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed linear ops")
 def test_mkl_prepacked_timing_packs_each_tree_as_load_would(monkeypatch):
-    """With MKL packing (a copy per row count), every timed block runs with the target packed for that tree (+ lookup chain)."""
+    """With MKL packing (a copy per row count), every timed block runs with the target packed for that tree (+ lookup
+    chain).
+    """
     monkeypatch.setattr(calibrate_tree, "default_backend", lambda: MKL)
     base = tiny_base_model()
     model = MedusaModel(base, random_heads(base, NUM_HEADS))

@@ -37,7 +37,8 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def summary_numbers(out: str) -> dict:
     match = re.search(
-        r"\[medusa-lite\] (\d+) new tokens in [\d.]+ s: ([\d.]+) tokens/s, ([\d.]+) mean accepted tokens per target call \((\d+)-node tree",
+        r"\[medusa-lite\] (\d+) new tokens in [\d.]+ s: ([\d.]+) tokens/s, ([\d.]+) mean accepted tokens per "
+        r"target call \((\d+)-node tree",
         out,
     )
     assert match, out

@@ -98,7 +98,9 @@ def test_bad_files_and_data_are_clear_errors(tmp_path):
 
 # -- decoding ------------------------------------------------------------------------------------
 def own_answers(base, prompts: list[torch.Tensor]) -> Datastore:
-    """A datastore of the target's own greedy answers, as medusa-lite build-datastore makes from self-distilled data."""
+    """A datastore of the target's own greedy answers, as medusa-lite build-datastore makes from self-distilled
+    data.
+    """
     return Datastore.from_documents(
         [plain_greedy(base, prompt, MAX_NEW_TOKENS)[0, prompt.shape[1] :] for prompt in prompts], VOCAB
     )

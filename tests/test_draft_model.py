@@ -173,7 +173,9 @@ def test_draft_model_with_heads_and_lookups_together_is_exact():
 
 
 def test_command_line_draft_model_is_identical_to_plain(tmp_path, capsys):
-    """``python -m medusa_lite --draft-model PATH``: the target's own folder as its draft, greedy, compared with plain."""
+    """``python -m medusa_lite --draft-model PATH``: the target's own folder as its draft, greedy, compared with
+    plain.
+    """
     from tiny_checkpoint import save_tiny_checkpoint
 
     from medusa_lite.cli import main

@@ -180,7 +180,9 @@ def trained_head1_top1(tiny_target, pair_data, output_dir, next_token_input: boo
 
 
 def test_training_learns_what_plain_heads_cannot(tiny_target, pair_data, tmp_path):
-    """Head 1 at a pair's first word must guess f(next word): ~1/2 of positions for next-token heads, ~1/5 at best otherwise."""
+    """Head 1 at a pair's first word must guess f(next word): ~1/2 of positions for next-token heads, ~1/5 at best
+    otherwise.
+    """
     plain = trained_head1_top1(tiny_target, pair_data, tmp_path / "plain", next_token_input=False)
     reading = trained_head1_top1(tiny_target, pair_data, tmp_path / "reading", next_token_input=True)
     assert plain < 0.35, f"plain heads cannot know the next word, yet head-1 top-1 is {plain:.2f}"

@@ -316,7 +316,9 @@ def test_greedy_through_the_one_row_kernel_matches_plain_greedy():
 
 
 def test_draft_lm_head_packs_for_the_heads_rows(monkeypatch):
-    """The heads' projection onto their draft vocabulary: the kernel for up to one row per head, else the usual path."""
+    """The heads' projection onto their draft vocabulary: the kernel for up to one row per head, else the usual
+    path.
+    """
     require_row_gemm()
     calls = []
     original = medusa_lite.prepack.row_gemm

@@ -1,8 +1,9 @@
 """Real launches (subprocesses): 2 CPU processes over gloo, DeepSpeed ZeRO-2/3, kill -9 + resume.
 
-Also the Hub push from the command line against a loopback Hub. Slow (each launch imports torch/transformers/deepspeed in every process); ~2 minutes in all on 2
-cores once DeepSpeed's CPU communication op is compiled (the first DeepSpeed launch on a machine
-compiles it, ~2-3 minutes, cached in ~/.cache/torch_extensions).
+Also the Hub push from the command line against a loopback Hub. Slow (each launch imports
+torch/transformers/deepspeed in every process); ~2 minutes in all on 2 cores once DeepSpeed's CPU communication
+op is compiled (the first DeepSpeed launch on a machine compiles it, ~2-3 minutes, cached in
+~/.cache/torch_extensions).
 """
 
 from __future__ import annotations

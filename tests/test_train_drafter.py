@@ -1,4 +1,6 @@
-"""Sequential-drafter training end to end through ``train/train_heads.py`` (``--drafter sequential``) on a tiny model."""
+"""Sequential-drafter training end to end through ``train/train_heads.py`` (``--drafter sequential``) on a tiny
+model.
+"""
 
 from __future__ import annotations
 

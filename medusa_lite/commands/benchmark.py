@@ -38,7 +38,8 @@ kernels, as a CPU without AVX2 gets them; avx2: what an AVX2-only CPU runs).
 All methods share one model, whose linear weights ``medusa_lite.load`` pre-packs on CPU in fp32
 for the tree's verification size (``--no-prepack``: not); a PLD step of at most that many tokens
 uses the packed weights too. ``results.json`` records it as ``machine.prepacked_rows`` and
-``machine.prepack_backend`` (``row_gemm``: medusa_lite's kernel, its variant in ``machine.kernel``; ``mkl``: MKL's packed GEMM).
+``machine.prepack_backend`` (``row_gemm``: medusa_lite's kernel, its variant in ``machine.kernel``; ``mkl``: MKL's
+packed GEMM).
 
 Reported per category and overall: mean accepted tokens per target call (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
@@ -405,7 +406,8 @@ def markdown_table(summary: dict[str, dict[str, dict]]) -> str:
         plain = methods["plain"]
         label = f"**{name}**" if name == OVERALL else name
         cells = [
-            f"{r['mean_accepted_tokens']:.2f} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {r['identical_fraction']:.0%}"
+            f"{r['mean_accepted_tokens']:.2f} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | "
+            f"{r['identical_fraction']:.0%}"
             for r in (methods[m] for m in compared)
         ]
         lines.append(
@@ -583,7 +585,8 @@ def run_benchmark(
     ]
     if "plain_kernel" in methods and not kernel_runs:
         raise MedusaError(
-            "the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an AVX2 or AVX-512 CPU, without --no-prepack, MEDUSA_LITE_KERNEL not off)"
+            "the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an "
+            "AVX2 or AVX-512 CPU, without --no-prepack, MEDUSA_LITE_KERNEL not off)"
         )
     if "static_tree" in methods and static_tree is None:
         raise MedusaError(
@@ -627,7 +630,9 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
     machine = settings["machine"]
     heading = (
         f"Spec-Bench, {settings['num_questions']} questions, greedy, max {settings['max_new_tokens']} new tokens; "
-        f"{machine['cpu']}, {machine['torch_threads']} threads, {machine['dtype']}; {'dynamic tree of up to' if settings.get('dynamic_tree') else 'tree of'} {settings['tree_nodes']} nodes; "
+        f"{machine['cpu']}, {machine['torch_threads']} threads, {machine['dtype']}; "
+        f"{'dynamic tree of up to' if settings.get('dynamic_tree') else 'tree of'} {settings['tree_nodes']} "
+        "nodes; "
         f"torch {machine['torch']}, transformers {machine['transformers']}; {machine['date']}.\n"
         "acc. = mean accepted tokens per target call (bonus and prefill counted; plain = 1.00); "
         "speed-up = plain's total time / the method's; identical = outputs token-identical to plain greedy.\n\n"
@@ -642,7 +647,9 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
 
 
 def static_tree_for(args: argparse.Namespace, model: MedusaModel) -> Tree | None:
-    """The static paths of the tree file ``--tree`` names, else of ``tree.json`` beside the heads, else the model's own static tree."""
+    """The static paths of the tree file ``--tree`` names, else of ``tree.json`` beside the heads, else the model's own
+    static tree.
+    """
     path = args.tree or find_tree_file(heads_source_for(args.model, args.heads))
     if path is not None:
         return read_tree_file(path, dynamic=False)

@@ -1,4 +1,5 @@
-"""``medusa-lite calibrate``: size the candidate tree to your hardware and heads, and write ``tree.json`` beside the heads.
+"""``medusa-lite calibrate``: size the candidate tree to your hardware and heads, and write ``tree.json`` beside the
+heads.
 
     medusa-lite calibrate                         # default model + shipped heads, fp32 on CPU
     medusa-lite calibrate --dtype fp32 --threads 2
@@ -162,7 +163,9 @@ def measure_step_costs(
 def shuffled_schedule(
     num_trees: int, repeats: int, warmup: int, shuffler: random.Random
 ) -> list[tuple[int, bool, bool]]:
-    """(tree index, pack first, timed) steps: rounds of every tree once in a fresh order, the first ``warmup`` untimed."""
+    """(tree index, pack first, timed) steps: rounds of every tree once in a fresh order, the first ``warmup``
+    untimed.
+    """
     return [
         (index, False, round_ >= warmup)
         for round_ in range(warmup + repeats)
@@ -171,7 +174,9 @@ def shuffled_schedule(
 
 
 def mkl_block_schedule(num_trees: int, repeats: int, warmup: int) -> list[tuple[int, bool, bool]]:
-    """(tree index, pack first, timed) steps: per tree two blocks (:func:`timing_order`), each packed, then warmed up."""
+    """(tree index, pack first, timed) steps: per tree two blocks (:func:`timing_order`), each packed, then warmed
+    up.
+    """
     per_block = -(-repeats // 2)
     schedule = []
     for block, index in enumerate(timing_order(num_trees)):
@@ -266,7 +271,9 @@ def best_row(rows: Sequence[Row]) -> Row:
 
 
 def dynamic_policy(rows: Sequence[Row], max_nodes: int, tokens_per_cost: float) -> DynamicTree | None:
-    """The per-step policy sized by the measured step costs, up to ``max_nodes`` nodes plus the default lookup chain."""
+    """The per-step policy sized by the measured step costs, up to ``max_nodes`` nodes plus the default lookup
+    chain.
+    """
     if max_nodes <= 0:
         return None
     table = [{"num_nodes": row.num_nodes, "relative_cost": row.relative_cost} for row in rows]
@@ -325,7 +332,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--static-paths",
         type=json.loads,
         default=None,
-        help="keep this static tree (JSON list of rank paths, e.g. one a replay with the lookup chain chose) instead of the table's best",
+        help=(
+            "keep this static tree (JSON list of rank paths, e.g. one a replay with the lookup chain chose) "
+            "instead of the table's best"
+        ),
     )
     parser.add_argument(
         "--dynamic-max-nodes",
@@ -408,7 +418,10 @@ def calibrate(args: argparse.Namespace) -> Path | None:
     rows = prediction_table(trees, costs, accuracy)
     chosen = None if args.costs_only else best_row(rows)
     print(
-        f"{dtype_name(model.base_model.dtype)}, {torch.get_num_threads()} threads, {args.prefix_tokens}-token cached prefix, {'pre-packed linears (' + str(default_backend()) + ') per tree size' if prepack else 'unpacked linears'}, accuracies: {accuracy_source}"
+        f"{dtype_name(model.base_model.dtype)}, {torch.get_num_threads()} threads, "
+        f"{args.prefix_tokens}-token cached prefix, "
+        f"{'pre-packed linears (' + str(default_backend()) + ') per tree size' if prepack else 'unpacked linears'}, "
+        f"accuracies: {accuracy_source}"
     )
     print(format_table(rows, chosen))
     if out is None:

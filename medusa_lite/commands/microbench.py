@@ -120,11 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     result = microbench(model, input_ids, args.max_new_tokens, args.repeats)
     print(
-        f"{args.model or 'tiny random llama'}, {args.dtype}, {torch.get_num_threads()} threads, {args.max_new_tokens} new tokens, best of {args.repeats}"
+        f"{args.model or 'tiny random llama'}, {args.dtype}, {torch.get_num_threads()} threads, "
+        f"{args.max_new_tokens} new tokens, best of {args.repeats}"
     )
     print(f"  plain model.generate: {result['plain_tokens_per_second']:8.1f} tokens/s, 1.00 mean accepted tokens")
     print(
-        f"  medusa-lite         : {result['medusa_tokens_per_second']:8.1f} tokens/s, {result['medusa_mean_accepted_tokens']:.2f} mean accepted tokens "
+        f"  medusa-lite         : {result['medusa_tokens_per_second']:8.1f} tokens/s, "
+        f"{result['medusa_mean_accepted_tokens']:.2f} mean accepted tokens "
         f"({result['tree']}), identical to plain: {'yes' if result['identical'] else 'NO'}"
     )
     return 0

@@ -46,9 +46,10 @@ def check_tracker(config: TrainConfig) -> None:
     mode = os.environ.get("WANDB_MODE", "").lower()
     if mode not in OFFLINE_WANDB_MODES and not wandb_key_available():
         raise TrackerError(
-            "wandb is configured (wandb.project = %r) but no API key was found (WANDB_API_KEY or ~/.netrc) "
+            f"wandb is configured (wandb.project = {config.wandb.project!r}) but no API key was found "
+            "(WANDB_API_KEY or ~/.netrc) "
             "and WANDB_MODE is not offline: run `wandb login`, set WANDB_API_KEY, or set WANDB_MODE=offline "
-            "to log locally (sync later with `wandb sync`)" % config.wandb.project
+            "to log locally (sync later with `wandb sync`)"
         )
 
 
@@ -72,7 +73,8 @@ def check_output_dir(output_dir: Path, resume: bool, overwrite: bool) -> None:
     if previous or (output_dir / HEADS_DIR / "config.json").exists():
         raise OutputDirError(
             f"output_dir {output_dir} already holds a training run ({len(previous)} checkpoint(s), heads: "
-            f"{(output_dir / HEADS_DIR).exists()}); pass --resume to continue it, --overwrite_output_dir true to start over, "
+            f"{(output_dir / HEADS_DIR).exists()}); pass --resume to continue it, --overwrite_output_dir "
+            "true to start over, "
             "or choose another output_dir"
         )
 
@@ -101,7 +103,8 @@ def check_processes_connected(accelerator) -> None:
 
     if accelerator.num_processes > 1 and accelerator.distributed_type == DistributedType.NO:
         raise TrainingConfigError(
-            f"accelerate started {accelerator.num_processes} processes but does not synchronise them (distributed_type NO): "
+            f"accelerate started {accelerator.num_processes} processes but does not synchronise them "
+            "(distributed_type NO): "
             "each would train its own copy of the heads. On CPU launch with "
             "`ACCELERATE_USE_CPU=true accelerate launch --multi_gpu --num_processes N --num_machines 1 ...` "
             "(or --config_file configs/accelerate_cpu_2proc.yaml with ACCELERATE_USE_CPU=true)"

@@ -282,7 +282,8 @@ def validate(config: TrainConfig) -> None:
     if config.drafter == "sequential":
         require(
             config.lora is None,
-            "config: drafter: sequential cannot be combined with lora (Medusa-2 trains Medusa heads with the backbone)",
+            "config: drafter: sequential cannot be combined with lora (Medusa-2 trains Medusa heads with "
+            "the backbone)",
         )
         require(
             config.distill_weight == 0,
@@ -333,7 +334,8 @@ def validate(config: TrainConfig) -> None:
         )
         require(
             config.use_base_lm_head,
-            "config: draft_vocab_size needs use_base_lm_head: true (a draft vocabulary selects rows of the base model's lm_head)",
+            "config: draft_vocab_size needs use_base_lm_head: true (a draft vocabulary selects rows of the "
+            "base model's lm_head)",
         )
     weights = config.loss_weights()
     require(
@@ -358,7 +360,8 @@ def validate(config: TrainConfig) -> None:
         )
         require(
             not config.precompute_hidden,
-            "config: precompute_hidden cannot be combined with lora (Medusa-2 trains the backbone, so its hidden states change every step)",
+            "config: precompute_hidden cannot be combined with lora (Medusa-2 trains the backbone, so its "
+            "hidden states change every step)",
         )
     if config.wandb is not None:
         require(bool(config.wandb.project), "config: wandb.project is required when a wandb section is given")

@@ -143,7 +143,8 @@ def read_records(path: str | Path, data_format: str = "auto"):
         kind = "text"
     else:
         raise TrainingDataError(
-            f"data file {path}: records have fields {sorted(columns)}; expected 'conversations' (ShareGPT), 'messages' (role/content) or 'text'"
+            f"data file {path}: records have fields {sorted(columns)}; expected 'conversations' (ShareGPT), "
+            "'messages' (role/content) or 'text'"
         )
     if data_format != "auto" and data_format != kind:
         raise TrainingDataError(f"data file {path} holds {kind} records but data_format is {data_format!r}")
@@ -233,7 +234,8 @@ def check_chat_template(tokenizer) -> None:
         )
     if not getattr(tokenizer, "is_fast", False):
         raise TrainingDataError(
-            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; response masking needs offsets"
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; response masking "
+            "needs offsets"
         )
 
 
@@ -346,7 +348,8 @@ def split_held_out(samples: list[Sample], eval_fraction: float, seed: int) -> tu
         return [samples[i] for i in order], []
     if len(samples) < 2:
         raise EmptyDatasetError(
-            f"only {len(samples)} usable sequence(s): need at least 2 to hold one out for evaluation (or set eval_fraction: 0)"
+            f"only {len(samples)} usable sequence(s): need at least 2 to hold one out for evaluation (or set "
+            "eval_fraction: 0)"
         )
     num_eval = min(len(samples) - 1, max(1, round(eval_fraction * len(samples))))
     return [samples[i] for i in order[:-num_eval]], [samples[i] for i in order[-num_eval:]]

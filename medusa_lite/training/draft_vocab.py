@@ -38,7 +38,8 @@ def response_token_counts(samples: list[Sample], vocab_size: int) -> torch.Tenso
     ids = torch.cat(tokens) if tokens else torch.zeros(0, dtype=torch.long)
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise TrainingDataError(
-            f"the data hold token id {int(ids.max())}, outside the model's vocabulary of {vocab_size} tokens: the tokenizer does not match the model"
+            f"the data hold token id {int(ids.max())}, outside the model's vocabulary of {vocab_size} "
+            "tokens: the tokenizer does not match the model"
         )
     return torch.bincount(ids, minlength=vocab_size)
 

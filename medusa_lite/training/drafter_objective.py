@@ -46,7 +46,7 @@ def unrolled_features(
     for level in range(1, depth + 1):
         tokens = embed(shifted_tokens(input_ids, level))
 
-        def attend(q, k, v):
+        def attend(q, k, v, true_k=true_k, true_v=true_v):
             if true_k is None:  # depth 1: causal over the true pairs themselves
                 return causal_plus_own_attention(q, k, v, [], [], k, v)
             return causal_plus_own_attention(q, k, v, earlier_k, earlier_v, true_k, true_v)
@@ -63,7 +63,8 @@ def unrolled_features(
 
 
 class DrafterObjective(nn.Module):
-    """What ``accelerator.prepare`` gets for a sequential drafter: the drafter; the frozen embedding and lm_head beside it.
+    """What ``accelerator.prepare`` gets for a sequential drafter: the drafter; the frozen embedding and lm_head
+    beside it.
 
     ``forward`` returns ``(loss, vector)``: the :class:`~medusa_lite.training.losses.HeadStats`
     vector over depths (per-depth accuracy given the earlier depths right), then per depth the
@@ -112,7 +113,9 @@ class DrafterObjective(nn.Module):
 def chain_counts(
     drafter: SequentialDrafter, rows: torch.Tensor, targets: torch.Tensor, base_lm_head: nn.Module, chunk_size: int
 ) -> torch.Tensor:
-    """[2K]: per depth d, positions whose top-1 guesses are right at every depth 1..d, then positions with targets at all of 1..d."""
+    """[2K]: per depth d, positions whose top-1 guesses are right at every depth 1..d, then positions with targets at
+    all of 1..d.
+    """
     depth = targets.shape[1]
     hits = torch.zeros(depth, dtype=torch.float64, device=rows.device)
     counts = torch.zeros(depth, dtype=torch.float64, device=rows.device)

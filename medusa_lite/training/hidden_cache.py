@@ -198,7 +198,8 @@ class HiddenCache:
                 offset += self.spans[i][1] - self.spans[i][0]
             if offset != self.shards[shard].shape[0]:
                 raise HiddenCacheError(
-                    f"{cache_dir / shard_name(shard)} holds {self.shards[shard].shape[0]} rows, expected {offset}: the cache is corrupt; delete it"
+                    f"{cache_dir / shard_name(shard)} holds {self.shards[shard].shape[0]} rows, expected "
+                    f"{offset}: the cache is corrupt; delete it"
                 )
 
     def batch_hidden(self, indices: list[int], length: int) -> torch.Tensor:

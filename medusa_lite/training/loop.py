@@ -95,7 +95,9 @@ class BatchSource:
         return {k: v.to(self.device) for k, v in collate([self.samples[i] for i in indices], self.pad_id).items()}
 
     def hidden_and_tokens(self, indices: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The target's final hidden states [B, T, H] of the batch (from the cache or a live forward) and its tokens."""
+        """The target's final hidden states [B, T, H] of the batch (from the cache or a live forward) and its
+        tokens.
+        """
         batch = self.tokens(indices)
         if self.cache is not None:
             hidden = self.cache.batch_hidden([self.offset + i for i in indices], batch["input_ids"].shape[1]).to(
@@ -177,7 +179,9 @@ def evaluate(objective, source: BatchSource, num_samples: int, config: TrainConf
 
 
 def accuracy_report(evaluation: Evaluation, topk: int) -> dict:
-    """Held-out accuracy per head (for a sequential drafter: per depth, given the earlier depths right, and its chain accuracy)."""
+    """Held-out accuracy per head (for a sequential drafter: per depth, given the earlier depths right, and its chain
+    accuracy).
+    """
     stats = evaluation.stats
     report = {
         "top1_accuracy": [round(v, 4) for v in stats.top1()],
@@ -274,7 +278,8 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
         return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads, from_start), 0.0
     action = "building" if info is None else "rebuilding (data, model or num_heads changed)"
     log.say(
-        f"hidden-state cache: {action} {cache_dir}: {needed / GIGABYTE:.3g} GB in bfloat16 (max_cache_gb {config.max_cache_gb})"
+        f"hidden-state cache: {action} {cache_dir}: {needed / GIGABYTE:.3g} GB in bfloat16 (max_cache_gb "
+        f"{config.max_cache_gb})"
     )
     hidden_cache.check_size(needed, config.max_cache_gb, cache_dir)
     started = time.perf_counter()
@@ -304,7 +309,8 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
     seconds = time.perf_counter() - started
     tokens = sum(int(s.input_ids.numel()) for s in samples)
     log.say(
-        f"hidden-state cache built in {seconds:.1f} s: body forwards over {tokens} tokens ({tokens / max(seconds, 1e-9):.0f} tokens/s over all ranks)"
+        f"hidden-state cache built in {seconds:.1f} s: body forwards over {tokens} tokens "
+        f"({tokens / max(seconds, 1e-9):.0f} tokens/s over all ranks)"
     )
     return hidden_cache.HiddenCache(cache_dir, samples, config.num_heads, from_start), seconds
 
@@ -361,7 +367,11 @@ def push(heads_dir: Path, repo_id: str, log: RunLog) -> str | None:
         log.say(f"pushed heads to {repo_id}: {url}")
         return None
     except Exception as error:  # network, auth, missing module: keep the saved heads either way
-        message = f"push to the Hub ({repo_id}) failed: {type(error).__name__}: {error}. The heads are saved in {heads_dir}; push them later with medusa_lite.hub.push_heads_to_hub({str(heads_dir)!r}, {repo_id!r})"
+        message = (
+            f"push to the Hub ({repo_id}) failed: {type(error).__name__}: {error}. The heads are saved in "
+            f"{heads_dir}; push them later with medusa_lite.hub.push_heads_to_hub({str(heads_dir)!r}, "
+            f"{repo_id!r})"
+        )
         log.say(message)
         return message
 
@@ -442,14 +452,16 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     log.say(data.stats.describe())
     if data.stats.truncated:
         log.say(
-            f"note: {data.stats.truncated} sequence(s) were longer than max_length={config.max_length} and were truncated"
+            f"note: {data.stats.truncated} sequence(s) were longer than max_length={config.max_length} and "
+            "were truncated"
         )
 
     world = accelerator.num_processes
     steps_per_epoch = len(data.train) // (config.batch_size * world)
     if steps_per_epoch == 0:
         raise TrainingDataError(
-            f"{len(data.train)} training sequences are fewer than one step's batch_size x processes = {config.batch_size} x {world}; lower batch_size or add data"
+            f"{len(data.train)} training sequences are fewer than one step's batch_size x processes = "
+            f"{config.batch_size} x {world}; lower batch_size or add data"
         )
     total_steps = config.max_steps or config.epochs * steps_per_epoch
 
@@ -558,7 +570,8 @@ def pick_draft_vocab(config: TrainConfig, data: TokenizedData, vocab_size: int, 
     draft = choose_draft_vocab(data.train, data.eval, vocab_size, config.draft_vocab_size)
     held_out = f", {draft.eval_coverage:.2%} of held-out ones" if draft.eval_coverage is not None else ""
     log.say(
-        f"draft vocabulary: the {config.draft_vocab_size} most frequent response tokens of {vocab_size} cover {draft.train_coverage:.2%} of training response tokens{held_out}"
+        f"draft vocabulary: the {config.draft_vocab_size} most frequent response tokens of {vocab_size} "
+        f"cover {draft.train_coverage:.2%} of training response tokens{held_out}"
     )
     return draft
 
@@ -581,12 +594,14 @@ def restore(run: Run, resume: bool) -> None:
     run.start_step, run.tokens_trained = state["step"], state["tokens_trained"]
     if state.get("data_position") != run.data_position:
         log.say(
-            f"warning: data or batch layout changed since the checkpoint ({state.get('data_position')} -> {run.data_position}); the sample order after step {run.start_step} differs"
+            f"warning: data or batch layout changed since the checkpoint ({state.get('data_position')} -> "
+            f"{run.data_position}); the sample order after step {run.start_step} differs"
         )
     restored_ids = run.heads.draft_token_ids
     if run.draft_vocab is not None and not torch.equal(restored_ids.cpu(), run.draft_vocab.token_ids):
         log.say(
-            "warning: the checkpoint's draft vocabulary differs from the one the current data give (the data changed); training continues with the checkpoint's"
+            "warning: the checkpoint's draft vocabulary differs from the one the current data give (the "
+            "data changed); training continues with the checkpoint's"
         )
         run.draft_vocab = measure_draft_vocab(restored_ids, run.data.train, run.data.eval, run.heads.config.vocab_size)
     log.say(f"resuming from {latest[1]} at step {run.start_step}/{run.total_steps}")
@@ -646,7 +661,8 @@ def save_results(run: Run, summary: dict, output_dir: Path) -> tuple[Path, Path 
         digests = gather_digests(accelerator, unwrapped)
         summary["ranks_in_sync"] = len(set(digests)) == 1
         log.say(
-            f"trainable weights sha256 per rank: {digests} ({'in sync' if summary['ranks_in_sync'] else 'NOT IN SYNC'})"
+            f"trainable weights sha256 per rank: {digests} "
+            f"({'in sync' if summary['ranks_in_sync'] else 'NOT IN SYNC'})"
         )
     if accelerator.is_main_process:
         adapter = {"backbone_adapter": True} if run.medusa2 else {}  # Medusa-2 trains Medusa heads only
@@ -771,6 +787,7 @@ def stop_if_not_finite(accelerator, loss: torch.Tensor, step: int, steps_per_epo
         else "no checkpoint had been written yet"
     )
     raise NonFiniteLossError(
-        f"training loss is {float(loss.detach())} (not finite) at step {step} (epoch {math.floor((step - 1) / steps_per_epoch) + 1}); "
+        f"training loss is {float(loss.detach())} (not finite) at step {step} (epoch "
+        f"{math.floor((step - 1) / steps_per_epoch) + 1}); "
         f"stopped before applying it, {where}. Common causes: learning_rate too high, bad data, float16 overflow"
     )

@@ -72,7 +72,9 @@ def guess_targets(heads: MedusaHeads, targets: torch.Tensor) -> torch.Tensor:
 def run_heads(
     heads: MedusaHeads, hidden: torch.Tensor, next_tokens: torch.Tensor | None, input_embeddings: nn.Module | None
 ) -> torch.Tensor:
-    """Per-head hidden states [P, K, H] in the heads' dtype; ``next_tokens`` [P] are embedded only for heads that read them."""
+    """Per-head hidden states [P, K, H] in the heads' dtype; ``next_tokens`` [P] are embedded only for heads that read
+    them.
+    """
     parameter = next(heads.parameters())
     embeds = input_embeddings(next_tokens).to(parameter.dtype) if heads.config.next_token_input else None
     return heads(hidden.to(parameter.dtype), next_token_embeds=embeds)

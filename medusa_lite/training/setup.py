@@ -70,7 +70,8 @@ def check_draft_vocab_fits(config: TrainConfig, vocab_size: int) -> None:
     """The one draft vocabulary check that needs the model: D cannot exceed its vocabulary."""
     if config.draft_vocab_size is not None and config.draft_vocab_size > vocab_size:
         raise TrainingConfigError(
-            f"config: draft_vocab_size {config.draft_vocab_size} exceeds the model's vocabulary of {vocab_size} tokens; lower it or set it to null"
+            f"config: draft_vocab_size {config.draft_vocab_size} exceeds the model's vocabulary of "
+            f"{vocab_size} tokens; lower it or set it to null"
         )
 
 
