@@ -12,8 +12,9 @@ The unit is one plain decoding step: a one-token forward of the target over the 
 prefix, the step ``model.generate`` takes. ``row_costs[r - 1]`` is a verification forward of r
 rows (a tree, its attention mask, the cache compaction after it) over that unit, so
 ``row_costs[0]`` is the overhead of a root-only verification over a plain step.
-``heads_cost``: the heads' proposal (all heads, as many guesses as the tree may take) in the
-same unit, paid by every step that asks the heads.
+``proposal_cost``: the model proposer's proposal in the same unit, paid by every step that asks it:
+the heads' (all heads, as many guesses as the tree may take), or a sequential drafter's (taking in
+the newly committed tokens and drafting its deepest tree, :func:`medusa_lite.drafter_proposer.drafter_proposal`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from medusa_lite.prepack import prepack_backend
 from medusa_lite.tree import Tree
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 
-COSTS_FORMAT = "medusa-lite-costs/1"
+COSTS_FORMAT = "medusa-lite-costs/2"  # /2: heads_cost became proposal_cost (heads or drafter)
 COSTS_FOLDER = "costs"
 # Row counts timed; the others take the next larger measured size's cost (never an underestimate).
 CALIBRATION_ROWS = (1, 2, 3, 4, 6, 8, 11, 14, 20)
@@ -54,11 +55,38 @@ NO_NODES = torch.zeros(0, dtype=torch.long)
 
 
 @dataclass(frozen=True)
+class Proposal:
+    """What calibration times as the proposer's work per step, and what identifies it in the cache key.
+
+    ``prepare(prefix_hidden [L, H], prefix_tokens [L], root [1])`` gets the calibration prefix's
+    final hidden states and tokens and the root the target picked after them; it returns the
+    callable to time (one step's proposal over that prefix, leaving no state behind).
+    """
+
+    signature: dict
+    prepare: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Callable[[], None]]
+
+
+def heads_proposal(model: MedusaModel, max_rows: int) -> Proposal | None:
+    """The heads' proposal: every head's top guesses, as many as a tree of ``max_rows`` rows may take.
+
+    None for a model without heads."""
+    if model.heads is None:
+        return None
+    ranks = min(max(max_rows - 1, 1), model.guess_vocab_size)
+
+    def prepare(hidden: torch.Tensor, tokens: torch.Tensor, root: torch.Tensor) -> Callable[[], None]:
+        return lambda: model.head_topk_probabilities(hidden[-1], ranks, model.num_heads, next_tokens=root.view(()))
+
+    return Proposal({"kind": "medusa-heads"}, prepare)
+
+
+@dataclass(frozen=True)
 class StepCosts:
     """Measured costs in plain decoding steps (see the module docstring), and what they were measured on."""
 
     row_costs: tuple[float, ...]  # [r - 1]: a verification of r rows
-    heads_cost: float  # the heads' proposal
+    proposal_cost: float  # the heads' proposal
     plain_step_ms: float  # the unit
     key: dict
     seconds: float  # what the measurement took
@@ -79,18 +107,23 @@ def model_signature(model: MedusaModel) -> dict:
         "num_key_value_heads",
         "vocab_size",
     )
-    heads = {
-        "num_heads": model.num_heads,
-        "guess_vocab_size": model.guess_vocab_size,
-        "num_layers": model.config.num_layers,
-    }
+    heads = (
+        None
+        if model.heads is None
+        else {
+            "num_heads": model.num_heads,
+            "guess_vocab_size": model.guess_vocab_size,
+            "num_layers": model.config.num_layers,
+        }
+    )
     return {**{name: getattr(config, name, None) for name in fields}, "heads": heads}
 
 
-def cost_key(model: MedusaModel) -> dict:
-    """Everything a step's relative cost depends on: machine, backend, dtype, threads, model."""
+def cost_key(model: MedusaModel, proposal: Proposal | None = None) -> dict:
+    """Everything a step's relative cost depends on: machine, backend, dtype, threads, model, proposer."""
     device = model.device
     return {
+        "proposer": None if proposal is None else proposal.signature,
         "cpu": cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device),
         "cpu_capability": cpu_capability(),
         "device": device.type,
@@ -119,11 +152,17 @@ def chain_tree(rows: int) -> Tree:
 
 @torch.inference_mode()
 def measure_row_costs(
-    model: MedusaModel, max_rows: int, *, rounds: int = CALIBRATION_ROUNDS, warmup: int = CALIBRATION_WARMUP_ROUNDS
+    model: MedusaModel,
+    max_rows: int,
+    proposal: Proposal | None = None,
+    *,
+    rounds: int = CALIBRATION_ROUNDS,
+    warmup: int = CALIBRATION_WARMUP_ROUNDS,
 ) -> StepCosts:
     """Time plain one-token steps, verifications of each of :data:`CALIBRATION_ROWS` up to ``max_rows`` rows,
-    and the heads' proposal over a cached random prefix; medians, all sizes interleaved in a fresh order each round
-    (``warmup`` untimed rounds, then up to ``rounds`` timed ones, fewer past :data:`CALIBRATION_BUDGET_S`)."""
+    and the ``proposal`` (none: cost 0) over a cached random prefix; medians, all sizes interleaved in a fresh
+    order each round (``warmup`` untimed rounds, then up to ``rounds`` timed ones, fewer past
+    :data:`CALIBRATION_BUDGET_S`)."""
     start = time.perf_counter()
     sync = synchronizer(model.device)
     generator = torch.Generator().manual_seed(CALIBRATION_SEED)
@@ -132,11 +171,10 @@ def measure_row_costs(
     sizes = sorted({size for size in CALIBRATION_ROWS if size < max_rows} | {1, max_rows})
     cache = reserved_cache(model, CALIBRATION_PREFIX_TOKENS + max_rows)
     prefill = model.target_forward(prefix[None], cache=cache, use_cache=True, logits_to_keep=1)
-    hidden, root = prefill.hidden[0, -1], prefill.logits[0, -1:].argmax(dim=-1)
+    root = prefill.logits[0, -1:].argmax(dim=-1)
     candidates = torch.randint(0, vocab, (max_rows,), generator=generator).to(model.device)
     trees = {size: chain_tree(size) for size in sizes}
     plain_keyword = {cache_keyword(type(model.base_model)): cache}
-    ranks = min(max(max_rows - 1, 1), model.guess_vocab_size)
 
     def plain() -> None:
         model.base_model(input_ids=root[None], use_cache=True, **plain_keyword).logits[0, -1].argmax()
@@ -152,10 +190,9 @@ def measure_row_costs(
 
         return run
 
-    def heads() -> None:
-        model.head_topk_probabilities(hidden, ranks, model.num_heads, next_tokens=root.view(()))
-
-    work = {"plain": plain, "heads": heads, **{size: verification(size) for size in sizes}}
+    work = {"plain": plain, **{size: verification(size) for size in sizes}}
+    if proposal is not None:
+        work["proposal"] = proposal.prepare(prefill.hidden[0], prefix, root)
     samples: dict = {name: [] for name in work}
     shuffler = random.Random(CALIBRATION_SEED)
     for round_ in range(warmup + rounds):
@@ -173,8 +210,8 @@ def measure_row_costs(
     # A verification does at least a plain step's work: a ratio below 1 is timing noise.
     measured = {size: max(1.0, statistics.median(samples[size]) / unit) for size in sizes}
     row_costs = tuple(next(measured[size] for size in sizes if size >= rows) for rows in range(1, max_rows + 1))
-    heads_cost = statistics.median(samples["heads"]) / unit
-    return StepCosts(row_costs, heads_cost, 1000 * unit, cost_key(model), time.perf_counter() - start)
+    proposal_cost = statistics.median(samples["proposal"]) / unit if proposal is not None else 0.0
+    return StepCosts(row_costs, proposal_cost, 1000 * unit, cost_key(model, proposal), time.perf_counter() - start)
 
 
 def read_cached_costs(path: Path, key: dict, max_rows: int) -> StepCosts | None:
@@ -183,7 +220,7 @@ def read_cached_costs(path: Path, key: dict, max_rows: int) -> StepCosts | None:
         values = json.loads(path.read_text(encoding="utf-8"))
         costs = StepCosts(
             tuple(float(c) for c in values["row_costs"]),
-            float(values["heads_cost"]),
+            float(values["proposal_cost"]),
             float(values["plain_step_ms"]),
             values["key"],
             float(values["seconds"]),
@@ -204,17 +241,25 @@ def write_cached_costs(path: Path, costs: StepCosts) -> None:
     scratch.replace(path)
 
 
-def step_costs(model: MedusaModel, max_rows: int, *, announce: Callable[[str], None] | None = None) -> StepCosts:
-    """This machine's step costs for ``model`` up to ``max_rows`` rows: cached, else measured now and cached.
+def step_costs(
+    model: MedusaModel,
+    max_rows: int,
+    proposal: Proposal | None = None,
+    *,
+    announce: Callable[[str], None] | None = None,
+) -> StepCosts:
+    """This machine's step costs for ``model`` up to ``max_rows`` rows and the ``proposal`` (default: the heads',
+    :func:`heads_proposal`): cached, else measured now and cached.
 
     ``announce`` gets a one-line message when a measurement runs (default: printed to stderr).
     """
-    key = cost_key(model)
+    proposal = proposal if proposal is not None else heads_proposal(model, max_rows)
+    key = cost_key(model, proposal)
     path = cost_cache_path(key)
     cached = read_cached_costs(path, key, max_rows)
     if cached is not None:
         return cached
-    costs = measure_row_costs(model, max_rows)
+    costs = measure_row_costs(model, max_rows, proposal)
     try:
         write_cached_costs(path, costs)
         where = f"cached in {path}"

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import torch
 
+from medusa_lite.costs import Proposal
 from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.drafter_tree import (
     DrafterCache,
@@ -41,6 +42,9 @@ DEFAULT_DRAFTER_TOPK = 4
 # Most nodes the drafter adds per step (before any cost-based cut).
 DEFAULT_DRAFTER_NODES = 12
 DRAFTER_SOURCE = "drafter"
+# Tokens a step commits in a typical step (bonus token included): what calibration has the drafter
+# take in before drafting, as each step begins by appending the newly committed pairs.
+CALIBRATION_TAKE_IN = 3
 
 
 def check_drafter_fits(model, drafter: SequentialDrafter) -> None:
@@ -106,6 +110,11 @@ class SequentialDrafterProposer(Proposer):
         depth = self.drafter.config.depth if self.depth is None else self.depth
         return depth if max_depth is None else max(min(depth, max_depth), 0)
 
+    def packed_rows(self) -> int:
+        """The most rows one of its forwards takes while decoding: a depth's ``topk`` expanded nodes, or the pairs
+        one step commits (up to ``depth + 1``)."""
+        return max(self.topk, self.draft_depth(None) + 1)
+
     def max_nodes(self, limits: StepLimits) -> int:
         return min(
             self.max_new_nodes,
@@ -154,6 +163,17 @@ class DrafterRun(Proposer):
     def max_nodes(self, limits: StepLimits) -> int:
         return self.spec.max_nodes(limits)
 
+    @property
+    def pricing(self) -> DynamicTree | None:
+        return self.costs
+
+    def expansion_price(self) -> float:
+        """Expected tokens one drafter forward must buy (0 unpriced): its measured share of the proposal's cost
+        (about one forward per depth) at the policy's ``tokens_per_cost``."""
+        if self.costs is None:
+            return 0.0
+        return self.costs.tokens_per_cost * self.costs.proposal_cost / max(self.spec.draft_depth(None), 1)
+
     def take_in(self, step: StepContext) -> None:
         """Append the pairs committed since the last step: (fresh hidden state i, the token it produced)."""
         fresh = step.fresh_hidden
@@ -175,7 +195,15 @@ class DrafterRun(Proposer):
         if depth == 0 or step.max_nodes == 0:
             return None
         candidates = grow_candidates(
-            self.drafter, self.cache, self.root, int(step.root), self.embed, self.lm_head, depth, self.spec.topk
+            self.drafter,
+            self.cache,
+            self.root,
+            int(step.root),
+            self.embed,
+            self.lm_head,
+            depth,
+            self.spec.topk,
+            self.expansion_price(),
         )
         ranked = ranked_nodes(candidates)
         confidences = [math.exp(candidates.scores[node]) for node in ranked]
@@ -189,3 +217,40 @@ class DrafterRun(Proposer):
         index[0] = 0
         tokens = torch.tensor([candidates.tokens[node] for node in kept], dtype=torch.long, device=step.root.device)
         return Candidates(tokens, [index[candidates.parents[node]] for node in kept], source=DRAFTER_SOURCE)
+
+
+def drafter_proposal(spec: SequentialDrafterProposer, model) -> Proposal:
+    """What calibration (:mod:`medusa_lite.costs`) times as the drafter's work per step: taking in
+    :data:`CALIBRATION_TAKE_IN` committed pairs, then growing its deepest candidate tree and ranking it."""
+    config = spec.drafter.config
+    depth = spec.draft_depth(None)
+    signature = {
+        "kind": config.kind,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "guess_vocab_size": config.guess_vocab_size,
+        "depth": depth,
+        "topk": spec.topk,
+    }
+
+    def prepare(hidden: torch.Tensor, tokens: torch.Tensor, root: torch.Tensor):
+        run = DrafterRun(spec, model, None)
+        followers = torch.cat([tokens[1:], root])  # pair i is (h_i, the token after it)
+        take_in = min(CALIBRATION_TAKE_IN, followers.numel())
+        with torch.inference_mode():
+            cache, _ = commit_pairs(
+                run.drafter, run.cache, hidden[:-take_in], followers[:-take_in], run.embed, run.lm_head
+            )
+
+        @torch.inference_mode()
+        def propose_once() -> None:
+            longer, root_draft = commit_pairs(
+                run.drafter, cache, hidden[-take_in:], followers[-take_in:], run.embed, run.lm_head
+            )
+            ranked_nodes(
+                grow_candidates(run.drafter, longer, root_draft, int(root), run.embed, run.lm_head, depth, spec.topk)
+            )
+
+        return propose_once
+
+    return Proposal(signature, prepare)

@@ -19,6 +19,7 @@ draft entries of a step are never written into the cache, so nothing needs rolli
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -134,9 +135,15 @@ def grow_candidates(
     lm_head: nn.Module,
     depth: int,
     topk: int,
+    expansion_price: float = 0.0,
 ) -> Candidates:
     """Candidates to ``depth`` (EAGLE-2): each depth expands the ``topk`` best frontier nodes, each offering its
     top-``topk`` children.
+
+    ``expansion_price``: expected tokens one more drafter forward must be able to buy. The nodes
+    below a frontier are together at most as likely as the frontier (a child's path probability
+    never exceeds its parent's), so the depths still to draft can add at most
+    ``frontier mass x depths left`` expected tokens; below the price drafting stops early.
     """
     candidates = Candidates([root_token], [0], [0], [0.0])
     k = min(topk, root.logits.shape[-1])
@@ -150,6 +157,9 @@ def grow_candidates(
     draft_keys, draft_values = cache.keys[..., :0, :], cache.values[..., :0, :]
     device = cache.keys.device
     for level in range(1, depth):
+        frontier_mass = sum(math.exp(candidates.scores[node]) for node in frontier)
+        if frontier_mass * (depth - level) < expansion_price:
+            break
         ancestor_slots = []
         for node in frontier:
             ancestors, ancestor = [], candidates.parents[node]

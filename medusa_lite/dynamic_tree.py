@@ -47,16 +47,17 @@ class DynamicTree:
     """A per-step tree policy: up to ``max_nodes`` nodes, sized by ``row_costs`` and ``tokens_per_cost``.
 
     ``row_costs[r - 1]``: the cost of a decoding step verifying r rows, in plain one-token steps
-    (:mod:`medusa_lite.costs`); past the table, cost grows in proportion to rows. ``heads_cost``:
-    what asking the heads costs in the same unit. ``max_depth``: the deepest guess allowed (None:
-    as deep as the heads go); :meth:`pruned` sets it near a length limit.
+    (:mod:`medusa_lite.costs`); past the table, cost grows in proportion to rows. ``proposal_cost``:
+    what asking the model's proposer (the heads, or a sequential drafter) costs in the same unit.
+    ``max_depth``: the deepest guess allowed (None: as deep as the heads go); :meth:`pruned` sets it
+    near a length limit.
     """
 
     max_nodes: int
     row_costs: tuple[float, ...]
     tokens_per_cost: float = DEFAULT_TOKENS_PER_COST
     max_depth: int | None = None
-    heads_cost: float = 0.0
+    proposal_cost: float = 0.0
 
     def __post_init__(self) -> None:
         if isinstance(self.max_nodes, bool) or not isinstance(self.max_nodes, int) or self.max_nodes < 1:
@@ -69,8 +70,8 @@ class DynamicTree:
         object.__setattr__(self, "row_costs", monotone(tuple(float(cost) for cost in costs)))
         if not is_positive_number(self.tokens_per_cost):
             raise TreeError(f"tokens_per_cost must be a positive number, got {self.tokens_per_cost!r}")
-        if not (self.heads_cost == 0 or is_positive_number(self.heads_cost)):
-            raise TreeError(f"heads_cost must be a number >= 0, got {self.heads_cost!r}")
+        if not (self.proposal_cost == 0 or is_positive_number(self.proposal_cost)):
+            raise TreeError(f"proposal_cost must be a number >= 0, got {self.proposal_cost!r}")
 
     @property
     def num_nodes(self) -> int:
@@ -85,15 +86,15 @@ class DynamicTree:
 
     def as_dict(self) -> dict:
         """The policy with its costs, as results record it (``max_depth`` is set at run time, not stored)."""
-        return {**self.portable_dict(), "row_costs": list(self.row_costs), "heads_cost": self.heads_cost}
+        return {**self.portable_dict(), "row_costs": list(self.row_costs), "proposal_cost": self.proposal_cost}
 
     def portable_dict(self) -> dict:
         """What a tree file's ``"dynamic"`` entry keeps: no costs, which belong to the machine that decodes."""
         return {"max_nodes": self.max_nodes, "tokens_per_cost": self.tokens_per_cost}
 
-    def with_costs(self, row_costs: Sequence[float], heads_cost: float = 0.0) -> DynamicTree:
+    def with_costs(self, row_costs: Sequence[float], proposal_cost: float = 0.0) -> DynamicTree:
         """The same policy priced by other step costs (this machine's, :mod:`medusa_lite.costs`)."""
-        return replace(self, row_costs=tuple(row_costs), heads_cost=heads_cost)
+        return replace(self, row_costs=tuple(row_costs), proposal_cost=proposal_cost)
 
     def describe(self) -> str:
         return f"dynamic tree of up to {self.max_nodes} nodes (depth {self.depth})"
@@ -109,9 +110,9 @@ class DynamicTree:
         known = len(self.row_costs)
         return self.row_costs[rows - 1] if rows <= known else self.row_costs[-1] * rows / known
 
-    def step_cost(self, rows: int, asked_heads: bool) -> float:
+    def step_cost(self, rows: int, asked_proposer: bool) -> float:
         """A whole step's cost in plain steps: verifying ``rows`` rows, plus the heads' proposal if they were asked."""
-        return self.cost(rows) + (self.heads_cost if asked_heads else 0.0)
+        return self.cost(rows) + (self.proposal_cost if asked_proposer else 0.0)
 
     def choose(
         self,

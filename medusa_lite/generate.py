@@ -233,8 +233,8 @@ def gate_after_step(gate: SpeculationGate, pricing: DynamicTree, speculated: boo
     """The speculation gate after a step: a dynamic tree prices it with this machine's step costs."""
     if not speculated:
         return gate.after_plain_step()
-    asked_heads = pricing.pruned(room).depth > 0 and pricing.max_nodes > 1
-    return gate.after_speculative_step(path.numel(), pricing.step_cost(draft.num_nodes, asked_heads))
+    asked_proposer = pricing.pruned(room).depth > 0 and pricing.max_nodes > 1
+    return gate.after_speculative_step(path.numel(), pricing.step_cost(draft.num_nodes, asked_proposer))
 
 
 def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, bool]:
@@ -345,7 +345,7 @@ def generate(
         hidden = unseen[-1]
         finished = commit(root)
 
-    pricing = shape if isinstance(shape, DynamicTree) else None  # a dynamic tree knows this machine's step costs
+    pricing = next((p.pricing for p in running if p.pricing is not None), None)  # this machine's step costs
     gate = SpeculationGate()
     while not finished:
         # Never guess past max_new_tokens: a step commits at most depth + 1 tokens.

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,13 +38,18 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenize
 
 from medusa_lite.artifact import TREE_FILE_NAME, adapt_target
 from medusa_lite.attention import TREE_SDPA
-from medusa_lite.costs import step_costs
+from medusa_lite.costs import Proposal, step_costs
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.drafter import SequentialDrafter, holds_drafter
-from medusa_lite.drafter_proposer import DEFAULT_DRAFTER_NODES, SequentialDrafterProposer, check_drafter_fits
+from medusa_lite.drafter_proposer import (
+    DEFAULT_DRAFTER_NODES,
+    SequentialDrafterProposer,
+    check_drafter_fits,
+    drafter_proposal,
+)
 from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.errors import MedusaError, TreeError
-from medusa_lite.heads import HEADS_WHAT, MedusaHeads
+from medusa_lite.heads import HEADS_WHAT, DraftLMHead, MedusaHeads
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, check_prepack_supported, prepack_backend, prepack_linears, prepack_supported
 from medusa_lite.proposers import Proposer, StepLimits, default_lookups, step_rows
@@ -372,22 +378,45 @@ def load_with_drafter(
     base, tokenizer = load_target(model, dtype, device)
     store = resolve_datastore(datastore, source, drafter.config.vocab_size)
     medusa = MedusaModel(base, None, datastore=store, proposers=proposers if proposers is not None else ()).eval()
-    check_drafter_fits(medusa, drafter)
-    weight = base.get_output_embeddings().weight
-    drafter.to(device=weight.device, dtype=weight.dtype)
     if proposers is None:
-        costs = policy if keeps_costs else priced_here(medusa, policy)
+        medusa.proposers = (default_lookups(), SequentialDrafterProposer(drafter, max_new_nodes=policy.max_nodes - 1))
+    prepack_for_tree(medusa.base_model, Tree(()), prepack, step_rows(medusa.proposers, medusa))
+    if proposers is None:
         medusa.proposers = (
             default_lookups(),
-            SequentialDrafterProposer(drafter, max_new_nodes=max(policy.max_nodes - 1, 1), costs=costs),
+            drafter_proposer_for(medusa, drafter, policy, price_here=not keeps_costs),
         )
-    prepack_for_tree(medusa.base_model, Tree(()), prepack, step_rows(medusa.proposers, medusa))
+    else:
+        check_drafter_fits(medusa, drafter)
+        weight = base.get_output_embeddings().weight
+        drafter.to(device=weight.device, dtype=weight.dtype)
     return medusa, tokenizer
 
 
-def priced_here(model: MedusaModel, policy: DynamicTree) -> DynamicTree:
-    """``policy`` with this machine's step costs for ``model`` (:func:`medusa_lite.costs.step_costs`: cached, or
-    measured now).
+def drafter_proposer_for(
+    model: MedusaModel, drafter: SequentialDrafter, policy: DynamicTree, *, price_here: bool = True
+) -> SequentialDrafterProposer:
+    """The drafter ready to decode with ``model``: on its device and dtype, its few-row products packed for the
+    row_gemm kernel where the target's are, adding up to ``policy.max_nodes - 1`` nodes a step, each step sized
+    and gated by the policy's ``tokens_per_cost`` and step costs: this machine's, measured for the verified rows
+    and the drafter's own work (:func:`priced_here`), unless ``price_here`` is False (the policy's own costs)."""
+    check_drafter_fits(model, drafter)
+    lm_head = model.base_model.get_output_embeddings()
+    drafter.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
+    spec = SequentialDrafterProposer(drafter, max_new_nodes=max(policy.max_nodes - 1, 1))
+    ids = drafter.draft_token_ids
+    draft_lm_head = None if ids is None else DraftLMHead(lm_head, ids)
+    if prepack_backend(model.base_model) == ROW_GEMM:
+        prepack_linears(drafter, spec.packed_rows(), ROW_GEMM)
+        if draft_lm_head is not None:
+            draft_lm_head.pack_for_few_rows(spec.packed_rows())
+    spec = replace(spec, draft_lm_head=draft_lm_head)
+    return replace(spec, costs=priced_here(model, policy, drafter_proposal(spec, model)) if price_here else policy)
+
+
+def priced_here(model: MedusaModel, policy: DynamicTree, proposal: Proposal | None = None) -> DynamicTree:
+    """``policy`` with this machine's step costs for ``model`` and its ``proposal`` (default: the heads')
+    (:func:`medusa_lite.costs.step_costs`: cached, or measured now).
     """
-    costs = step_costs(model, verification_rows(policy.num_nodes))
-    return policy.with_costs(costs.row_costs, costs.heads_cost)
+    costs = step_costs(model, verification_rows(policy.num_nodes), proposal)
+    return policy.with_costs(costs.row_costs, costs.proposal_cost)

@@ -171,6 +171,12 @@ class Proposer:
     def accepted(self, outcome: StepOutcome) -> None:
         """Called after every verification with what was accepted (roll back a cache, update statistics)."""
 
+    @property
+    def pricing(self) -> DynamicTree | None:
+        """The measured step costs this proposer sizes its guesses by (a :class:`DynamicTree`'s ``row_costs`` and
+        its ``proposal_cost``), or None. ``generate``'s speculation gate prices steps with the first one found."""
+        return None
+
 
 # -- checking and merging what a proposer returns ---------------------------------------------
 def as_draft(candidates: Candidates, step: StepContext, name: str) -> DraftTree:
@@ -518,6 +524,10 @@ class MedusaHeadsProposer(Proposer):
 
     def begin(self, model, prompt, limits):
         return MedusaHeadsProposer(self.resolved(limits))
+
+    @property
+    def pricing(self) -> DynamicTree | None:
+        return self.tree if isinstance(self.tree, DynamicTree) else None
 
     def max_nodes(self, limits):
         if limits.model.heads is None:

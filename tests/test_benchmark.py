@@ -7,11 +7,13 @@ from collections import Counter
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 from tiny_checkpoint import QUESTIONS, save_tiny_checkpoint
 
 from medusa_lite import DynamicTree, Tree
 from medusa_lite.commands import benchmark, microbench
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
+from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.loading import write_tree_file
 
@@ -127,6 +129,26 @@ def test_benchmark_runs_a_subset_of_methods(tmp_path):
     kernel = {"plain_kernel"} if results["machine"]["prepack_backend"] == "row_gemm" else set()
     assert set(results["summary"]["overall"]) == {"plain", "heads"} | kernel  # plain always runs: it is the reference
     assert "heads only speed-up" in (out / "results.md").read_text()
+
+
+def test_benchmark_runs_a_sequential_drafter_beside_the_heads(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDUSA_LITE_CACHE", str(tmp_path / "cache"))
+    model_dir, heads_dir = save_tiny_checkpoint(tmp_path)
+    target = AutoModelForCausalLM.from_pretrained(model_dir)
+    SequentialDrafter(DrafterConfig.for_model(target, depth=3)).save_pretrained(tmp_path / "drafter")
+    questions_file = tmp_path / "questions.jsonl"
+    questions_file.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[:2]))
+    out = tmp_path / "bench"
+    args = ["--model", str(model_dir), "--heads", str(heads_dir), "--questions", str(questions_file)]
+    args += ["--methods", "medusa", "drafter", "--drafter", str(tmp_path / "drafter")]
+    assert (
+        benchmark.main([*args, "--max-new-tokens", "10", "--dtype", "fp32", "--threads", "1", "--out", str(out)]) == 0
+    )
+    overall = json.loads((out / "results.json").read_text())["summary"]["overall"]
+    assert overall["drafter"]["identical_fraction"] == 1.0 and overall["medusa"]["identical_fraction"] == 1.0
+    assert "drafter speed-up" in (out / "results.md").read_text()
+    with pytest.raises(SystemExit):  # --methods drafter without --drafter: a usage error before any work
+        benchmark.main([*args[:-2], "--out", str(out)])
 
 
 def test_benchmark_compares_a_dynamic_tree_with_the_static_one(tmp_path):

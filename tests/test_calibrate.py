@@ -170,7 +170,7 @@ def test_calibration_writes_tree_json_that_load_uses(checkpoint, capsys):
     loaded = load(model_dir, heads=heads_dir, dtype=torch.float32)[0]
     costs = step_costs(loaded, DEFAULT_MAX_NODES + DEFAULT_LOOKUP_TOKENS)  # cached by the load just above
     assert loaded.tree == read_tree_file(heads_dir / "tree.json").pruned(NUM_HEADS).with_costs(
-        costs.row_costs, costs.heads_cost
+        costs.row_costs, costs.proposal_cost
     )
     assert read_tree_file(heads_dir / "tree.json", dynamic=False) == best_tree(TOPK_ACCURACY, chosen)
     # A static tree chosen elsewhere (e.g. by a replay with the lookup chain) is kept as given.

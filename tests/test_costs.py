@@ -35,8 +35,14 @@ def test_first_use_measures_and_caches_then_reads_the_cache(cache, monkeypatch):
     model = tiny_model()
     messages = []
     measured = costs.step_costs(model, 10, announce=messages.append)
-    assert len(measured.row_costs) == 10 and all(cost > 0 for cost in measured.row_costs) and measured.heads_cost > 0
-    assert measured.plain_step_ms > 0 and measured.seconds > 0 and measured.key == costs.cost_key(model)
+    assert (
+        len(measured.row_costs) == 10 and all(cost > 0 for cost in measured.row_costs) and measured.proposal_cost > 0
+    )
+    assert (
+        measured.plain_step_ms > 0
+        and measured.seconds > 0
+        and measured.key == costs.cost_key(model, costs.heads_proposal(model, 10))
+    )
     path = costs.cost_cache_path(measured.key)
     assert path.parent == cache / "costs" and json.loads(path.read_text())["row_costs"] == list(measured.row_costs)
     assert len(messages) == 1 and "measured this machine's step costs" in messages[0] and str(path) in messages[0]
@@ -93,7 +99,9 @@ def test_a_tree_file_from_another_machine_does_not_override_measured_costs(tmp_p
     measured = costs.step_costs(model, verification_rows(8))  # now cached
     assert model.tree.row_costs == pytest.approx(DynamicTree(8, measured.row_costs).row_costs)
     assert model.tree.row_costs != pytest.approx(tuple(OTHER_MACHINES_COSTS))
-    assert model.tree.heads_cost == measured.heads_cost and model.tree.tokens_per_cost == 1.5  # portable settings kept
+    assert (
+        model.tree.proposal_cost == measured.proposal_cost and model.tree.tokens_per_cost == 1.5
+    )  # portable settings kept
 
     # This machine's costs cached (here: steep ones): they win over the file's too.
     steep = dataclasses.replace(measured, row_costs=tuple(1.0 + 0.5 * r for r in range(verification_rows(8))))

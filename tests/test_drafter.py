@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -215,3 +216,30 @@ def test_objective_counts_chain_accuracy_of_a_successor_oracle():
     hits, counts = vector[-6:-3], vector[-3:]
     assert counts.tolist() == [18.0, 17.0, 16.0]
     assert hits.tolist() == counts.tolist()
+
+
+def test_drafting_stops_where_the_frontier_cannot_pay_for_another_forward():
+    base = tiny_base_model("qwen2")
+    drafter = random_drafter(base, depth=4)
+    embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
+    tokens = torch.randint(0, 128, (9,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        cache, root = commit_pairs(
+            drafter,
+            DrafterCache.empty(drafter, tokens.device, torch.float32),
+            target_features(base, tokens)[:8],
+            tokens[1:],
+            embed,
+            lm_head,
+        )
+
+        def grown(price: float):
+            return grow_candidates(
+                drafter, cache, root, int(tokens[-1]), embed, lm_head, depth=4, topk=3, expansion_price=price
+            )
+
+        full = grown(0.0)
+        first_mass = sum(math.exp(full.scores[node]) for node in range(1, 4))  # depth 1: the frontier before level 1
+        assert len(grown(3 * first_mass * 1.01).tokens) == 1 + 3, "depth 1 only: 3 depths left could not pay"
+        assert len(grown(3 * first_mass * 0.99).tokens) > 1 + 3, "just under the price it drafts deeper"
+        assert grown(0.0).tokens == full.tokens, "no price: every depth, as before"

@@ -47,3 +47,19 @@ def test_load_takes_a_drafter_object_and_refuses_a_static_tree(folders):
     assert any(isinstance(p, SequentialDrafterProposer) and p.drafter is drafter for p in model.proposers)
     with pytest.raises(TreeError, match="grows its own tree"):
         load(target, heads=drafter_folder, tree=Tree.from_paths([[0], [0, 0]]))
+
+
+def test_without_a_policy_the_drafters_rows_and_drafting_are_priced_on_this_machine(folders, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEDUSA_LITE_CACHE", str(tmp_path / "cache"))
+    target, drafter_folder, base = folders
+    model, _ = load(target, heads=drafter_folder, datastore=False)
+    (drafter,) = [p for p in model.proposers if isinstance(p, SequentialDrafterProposer)]
+    assert drafter.costs is not None and drafter.costs.row_costs != (1.0,), "measured, not the unmeasured placeholder"
+    assert drafter.costs.proposal_cost > 0, "the drafter's own work is timed and priced"
+    cached = list((tmp_path / "cache" / "costs").glob("*.json"))
+    assert len(cached) == 1 and '"sequential-drafter"' in cached[0].read_text()
+    running = drafter.begin(model, torch.zeros(4, dtype=torch.long), None)
+    assert running.pricing is drafter.costs, "generate's speculation gate prices the drafter's steps"
+    prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(4))
+    out = generate(model, prompt, 24, eos_token_id=[])
+    assert torch.equal(out.sequences, plain_greedy(base, prompt, 24, eos_token_id=None))

@@ -17,8 +17,8 @@ from medusa_lite.dynamic_tree import (
 )
 
 # Steep costs: every verified row costs half a plain step more, and asking the heads a fifth of one.
-STEEP = DynamicTree(8, tuple(1.0 + 0.5 * r for r in range(14)), heads_cost=0.2)
-GENTLE = DynamicTree(8, (1.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12), heads_cost=0.01)
+STEEP = DynamicTree(8, tuple(1.0 + 0.5 * r for r in range(14)), proposal_cost=0.2)
+GENTLE = DynamicTree(8, (1.0, 1.0, 1.02, 1.04, 1.06, 1.08, 1.1, 1.12), proposal_cost=0.01)
 
 
 def test_paying_steps_keep_speculating():

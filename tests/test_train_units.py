@@ -190,6 +190,10 @@ def test_default_loss_weights_decay_geometrically():
         ({"data": "x", "lora": {"rank": 4}}, "unknown config key(s) lora.rank"),
         ({"data": "x", "wandb": {}}, "wandb.project is required"),
         ({}, "data is required"),
+        (
+            {"data": "x", "mixed_precision": "bfloat16"},
+            "mixed_precision must be one of ('no', 'bf16', 'fp16') or null",
+        ),
     ],
 )
 def test_invalid_configs_name_the_problem(values, message):
@@ -210,10 +214,15 @@ class _SingleProcess:
         return contextlib.nullcontext()
 
 
-@pytest.mark.parametrize("dtype, expected", [("auto", torch.float32), ("bfloat16", torch.bfloat16)])
-def test_bf16_targets_compute_in_float32_on_cpu_unless_asked(tmp_path, dtype, expected):
+@pytest.mark.parametrize(
+    "dtype, amx, expected",
+    [("auto", False, torch.float32), ("auto", True, torch.bfloat16), ("bfloat16", False, torch.bfloat16)],
+)
+def test_bf16_targets_compute_in_float32_on_cpus_without_amx_unless_asked(tmp_path, monkeypatch, dtype, amx, expected):
+    from medusa_lite.training import setup
     from medusa_lite.training.setup import load_frozen_target
 
+    monkeypatch.setattr(setup, "has_amx", lambda: amx)
     base = tiny_base_model("llama").to(torch.bfloat16)
     base.save_pretrained(tmp_path)
     make_tiny_tokenizer().save_pretrained(tmp_path)

@@ -65,17 +65,28 @@ from tqdm import tqdm
 
 from medusa_lite.commands.options import prepack_choice, set_threads
 from medusa_lite.draft_model import DraftModelProposer, load_draft_model
+from medusa_lite.drafter import SequentialDrafter
+from medusa_lite.drafter_proposer import DEFAULT_DRAFTER_NODES, SequentialDrafterProposer
 from medusa_lite.dtypes import DTYPE_CHOICES, parse_dtype
-from medusa_lite.dynamic_tree import DynamicTree
+from medusa_lite.dynamic_tree import UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.errors import MedusaError
 from medusa_lite.extras import require_extra
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
-from medusa_lite.loading import find_tree_file, heads_source_for, load, read_tree_file, tree_of
+from medusa_lite.loading import (
+    drafter_proposer_for,
+    find_tree_file,
+    heads_source_for,
+    load,
+    prepack_for_tree,
+    read_tree_file,
+    tree_of,
+)
 from medusa_lite.lookahead import LookaheadProposer
 from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, timed
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, packed_from_rows, prepack_backend
+from medusa_lite.proposers import Proposer, default_lookups, step_rows
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree
 
@@ -87,7 +98,18 @@ DEFAULT_QUICK = 26
 PLD_NUM_TOKENS = 10
 WARMUP_TOKENS = 16
 PROGRESS_FILE = "progress.jsonl"  # one line per finished question, written as the run goes
-METHODS = ("plain", "plain_kernel", "pld", "medusa", "static_tree", "no_datastore", "heads", "draft", "lookahead")
+METHODS = (
+    "plain",
+    "plain_kernel",
+    "pld",
+    "medusa",
+    "static_tree",
+    "no_datastore",
+    "heads",
+    "drafter",
+    "draft",
+    "lookahead",
+)
 LABELS = {
     "plain": "plain generate",
     "plain_kernel": "plain generate, row_gemm kernel",
@@ -96,6 +118,7 @@ LABELS = {
     "static_tree": "medusa-lite, static tree",
     "no_datastore": "medusa-lite, no datastore",
     "heads": "medusa-lite, heads only",
+    "drafter": "medusa-lite, sequential drafter + lookups",
     "draft": "medusa-lite, draft model",
     "lookahead": "lookahead decoding (LookaheadProposer, defaults)",
 }
@@ -113,6 +136,7 @@ SHORT = {
     "static_tree": "static tree",
     "no_datastore": "no datastore",
     "heads": "heads only",
+    "drafter": "drafter",
     "draft": "draft model",
 }
 SHORT["lookahead"] = "lookahead"
@@ -170,6 +194,7 @@ class MedusaSettings:
     datastore_tokens: int = DEFAULT_DATASTORE_TOKENS
     static_tree: Tree | None = None  # for "static_tree": the tree file's static paths
     draft: DraftModelProposer | None = None  # for "draft": the draft model (--draft-model)
+    drafter: tuple[Proposer, ...] | None = None  # for "drafter": the lookups and the sequential drafter (--drafter)
 
 
 class CallCounter:
@@ -261,6 +286,21 @@ def run_heads(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
     return run_medusa_with(model, input_ids, max_new_tokens, settings.tree, lookup_tokens=0, datastore_tokens=0)
 
 
+def run_drafter(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
+    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=settings.drafter))
+    stats = output.stats
+    return Result(
+        output.sequences[0, input_ids.shape[1] :].tolist(),
+        seconds,
+        stats.target_calls,
+        stats.steps,
+        list(stats.accepted_at_depth),
+        stats.lookup_steps,
+        stats.datastore_steps,
+        stats.verified_rows,
+    )
+
+
 def run_draft(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
     output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=[settings.draft]))
     stats = output.stats
@@ -289,6 +329,7 @@ RUNNERS: dict[str, Callable[..., Result]] = {
     "static_tree": run_static_tree,
     "no_datastore": run_no_datastore,
     "heads": run_heads,
+    "drafter": run_drafter,
     "draft": run_draft,
     "lookahead": run_lookahead,
 }
@@ -557,6 +598,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the 'draft' method's draft model (HF folder or Hub id, the target's tokenizer)",
     )
+    parser.add_argument(
+        "--drafter",
+        default=None,
+        help="the 'drafter' method's sequential drafter (folder or Hub repo; its steps priced on this machine)",
+    )
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
 
@@ -572,6 +618,7 @@ def run_benchmark(
     on_record: Callable[[dict], None] | None = None,
     static_tree: Tree | None = None,
     draft: DraftModelProposer | None = None,
+    drafter: Sequence[Proposer] | None = None,
 ) -> list[dict]:
     """One record per question (see :func:`question_record`); ``on_record`` gets each as soon as it is measured.
 
@@ -596,7 +643,11 @@ def run_benchmark(
         raise MedusaError(
             "the 'draft' method needs a draft model: --draft-model PATH (an HF causal LM with the target's tokenizer)"
         )
-    settings = MedusaSettings(tree_of(model), lookup_tokens, datastore_tokens, static_tree, draft)
+    if "drafter" in methods and drafter is None:
+        raise MedusaError("the 'drafter' method needs a sequential drafter: --drafter PATH (a folder or Hub repo)")
+    settings = MedusaSettings(
+        tree_of(model), lookup_tokens, datastore_tokens, static_tree, draft, tuple(drafter) if drafter else None
+    )
     prompts = [chat_input_ids(tokenizer, question["turns"][0]).to(model.device) for question in questions]
     for method in methods:  # warm-up
         RUNNERS[method](model, prompts[0], WARMUP_TOKENS, settings)
@@ -646,6 +697,17 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
     plot_acceptance(summary, out / "acceptance_by_depth.png")
 
 
+def drafter_proposers(model: MedusaModel, args: argparse.Namespace) -> tuple[Proposer, ...]:
+    """The 'drafter' method's proposers on the benchmark's target: the default lookups (the model's datastore),
+    then the ``--drafter``, priced on this machine; the target re-packed for the wider of its two drafts."""
+    drafter = SequentialDrafter.from_pretrained(args.drafter)
+    budget = DynamicTree(1 + DEFAULT_DRAFTER_NODES, UNMEASURED_ROW_COSTS)
+    lookups = default_lookups(args.lookup_tokens, True, args.datastore_tokens)
+    rows = step_rows((lookups, SequentialDrafterProposer(drafter, max_new_nodes=DEFAULT_DRAFTER_NODES)), model)
+    prepack_for_tree(model.base_model, Tree(()), prepack_choice(args), max(rows, step_rows(model.proposers, model)))
+    return lookups, drafter_proposer_for(model, drafter, budget)
+
+
 def static_tree_for(args: argparse.Namespace, model: MedusaModel) -> Tree | None:
     """The static paths of the tree file ``--tree`` names, else of ``tree.json`` beside the heads, else the model's own
     static tree.
@@ -664,7 +726,10 @@ def tree_settings(tree: Tree | DynamicTree) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if "drafter" in args.methods and not args.drafter:
+        parser.error("the 'drafter' method needs --drafter PATH (a sequential drafter's folder or Hub repo)")
     require_extra("matplotlib", "The benchmark's plots")  # before the run, not after it
     if args.kernel is not None:
         choose_kernel(args.kernel)
@@ -688,6 +753,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         draft=load_draft_model(args.draft_model, model, tokenizer)
         if "draft" in args.methods and args.draft_model
         else None,
+        drafter=drafter_proposers(model, args) if "drafter" in args.methods and args.drafter else None,
     )
     summary = summarize(records)
     tree = tree_of(model)

@@ -27,6 +27,7 @@ DATA_FORMATS = ("auto", "chat", "text")
 # What to train: Medusa heads (each head guesses one depth from the target's hidden state) or a
 # sequential drafter (medusa_lite.drafter: one decoder layer drafting depth d from its own depth d-1).
 DRAFTER_KINDS = ("medusa_heads", "sequential")
+MIXED_PRECISIONS = ("no", "bf16", "fp16")
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 TRUE_WORDS = ("true", "yes", "on", "1")
 FALSE_WORDS = ("false", "no", "off", "0")
@@ -65,6 +66,9 @@ class TrainConfig:
     output_dir: str = "runs/heads"
     dtype: str = "auto"  # the target's dtype; auto: as stored (bf16 for "default"), computed in float32 on CPU
     attn_implementation: str = "sdpa"
+    # autocast of the trained module's forward (accelerate's mixed_precision): None = what
+    # `accelerate launch --mixed_precision` / ACCELERATE_MIXED_PRECISION says (default "no")
+    mixed_precision: str | None = None
     # -- heads
     drafter: str = "medusa_heads"  # one of DRAFTER_KINDS
     num_heads: int = 4  # Medusa heads; for the sequential drafter, the depths training unrolls
@@ -278,6 +282,10 @@ def validate(config: TrainConfig) -> None:
         f"config: data_format must be one of {DATA_FORMATS}, got {config.data_format!r}",
     )
     require(config.dtype in DTYPE_CHOICES, f"config: dtype must be one of {DTYPE_CHOICES}, got {config.dtype!r}")
+    require(
+        config.mixed_precision in (None, *MIXED_PRECISIONS),
+        f"config: mixed_precision must be one of {MIXED_PRECISIONS} or null, got {config.mixed_precision!r}",
+    )
     require(config.drafter in DRAFTER_KINDS, f"config: drafter must be one of {DRAFTER_KINDS}, got {config.drafter!r}")
     if config.drafter == "sequential":
         require(
