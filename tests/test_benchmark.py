@@ -7,8 +7,8 @@ from collections import Counter
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 from tiny_checkpoint import QUESTIONS, save_tiny_checkpoint
+from transformers import AutoModelForCausalLM
 
 from medusa_lite import DynamicTree, Tree
 from medusa_lite.commands import benchmark, microbench
