@@ -37,11 +37,11 @@ from medusa_lite.kernels import cpu_capability, kernel_path
 from medusa_lite.measure import cpu_model
 from medusa_lite.model import MedusaModel, cache_keyword, text_config
 from medusa_lite.paths import cache_root
-from medusa_lite.prepack import prepack_backend
+from medusa_lite.prepack import prepack_layout
 from medusa_lite.tree import Tree
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 
-COSTS_FORMAT = "medusa-lite-costs/2"  # /2: heads_cost became proposal_cost (heads or drafter)
+COSTS_FORMAT = "medusa-lite-costs/3"  # /2: heads_cost became proposal_cost; /3: the key's prepack layout
 COSTS_FOLDER = "costs"
 # Row counts timed; the others take the next larger measured size's cost (never an underestimate).
 CALIBRATION_ROWS = (1, 2, 3, 4, 6, 8, 11, 14, 20)
@@ -130,7 +130,7 @@ def cost_key(model: MedusaModel, proposal: Proposal | None = None) -> dict:
         "dtype": dtype_name(model.base_model.dtype),
         "threads": torch.get_num_threads(),
         "kernel": kernel_path().variant or "off",
-        "prepack_backend": prepack_backend(model.base_model),
+        "prepack": prepack_layout(model.base_model),
         "torch": torch.__version__,
         "model": model_signature(model),
     }

@@ -8,8 +8,10 @@ does not get there (measured below). Two packed paths, chosen by :func:`prepack_
   variant, as :func:`medusa_lite.kernels.kernel_path` decides), for ``ROW_GEMM_MIN_ROWS`` to
   ``rows`` rows, on one packed copy of each weight (column blocks).
 - ``"mkl"`` (the fallback): MKL's packed GEMM (``torch.ops.mkl._mkl_reorder_linear_weight``, the
-  op TorchInductor's freezing pass uses), packed for exactly ``rows`` rows; inputs of
-  ``MIN_PREPACKED_ROWS`` to ``rows`` rows are zero-padded to ``rows``.
+  op TorchInductor's freezing pass uses). MKL packs a weight for one exact row count, so each
+  weight gets a copy per row bucket (:func:`mkl_row_buckets`: 4, 8, 16, ... below ``rows``, and
+  ``rows``) and an input of ``MIN_PREPACKED_ROWS`` to ``rows`` rows is zero-padded to the
+  smallest bucket that holds it: a 5-row tree pays for 8 rows, not for the 14 of the widest step.
 
 :func:`prepack_linears` swaps every ``nn.Linear`` of a target for a :class:`PrepackedLinear`
 sharing its parameters; every other input (one-token decoding, prefills longer than ``rows``)
@@ -20,9 +22,10 @@ unless ``prepack=False``.
 
 Measured (SmolLM2-135M, float32, 2-core AVX-512 Xeon, 2 threads; all 211 linear layers of one
 forward, kernels only): 1 row 27-29 ms (PyTorch); 6 rows 51-57 ms PyTorch, 40-48 ms MKL packed,
-29 ms row_gemm; 8 rows 61-64 / 45 / 30 ms; 16 rows 46 ms row_gemm. The packed copies cost memory
-(one copy of the weights for row_gemm, one per row count for MKL) and only float32 on CPU is
-supported.
+29 ms row_gemm; 8 rows 61-64 / 45 / 30 ms; 16 rows 46 ms row_gemm. The measurements behind the
+MKL buckets, and the AVX2 variant beside them: ``docs/results.md`` (few-row products). The packed
+copies cost memory (one copy of the weights for row_gemm, one per bucket for MKL) and only
+float32 on CPU is supported.
 """
 
 from __future__ import annotations
@@ -45,6 +48,23 @@ BACKENDS = (ROW_GEMM, MKL)
 ROW_GEMM_MIN_ROWS = 2
 MIN_PREPACKED_ROWS = 4
 BACKEND_MIN_ROWS = {ROW_GEMM: ROW_GEMM_MIN_ROWS, MKL: MIN_PREPACKED_ROWS}
+
+
+def mkl_row_buckets(rows: int) -> tuple[int, ...]:
+    """The row counts MKL packs a weight for, up to ``rows``: powers of two from ``MIN_PREPACKED_ROWS``, then ``rows``.
+
+    Padding a product to the next power of two costs at most what twice its rows cost and each
+    bucket is one more copy of the weight, so the copies stay few (3 for the default 14 rows).
+    """
+    if rows < MIN_PREPACKED_ROWS:
+        return ()
+    doublings = [MIN_PREPACKED_ROWS << shift for shift in range(rows.bit_length()) if MIN_PREPACKED_ROWS << shift < rows]
+    return (*doublings, rows)
+
+
+def smallest_bucket(buckets: tuple[int, ...], rows: int) -> int:
+    """The first of the ascending ``buckets`` that holds ``rows`` rows."""
+    return next(bucket for bucket in buckets if bucket >= rows)
 
 
 def mkl_packing_available() -> bool:
@@ -131,10 +151,11 @@ def packed_copy_applies(
     )
 
 
-def packed_copy(weight: torch.Tensor, rows: int, backend: str) -> torch.Tensor:
+def packed_copy(weight: torch.Tensor, rows: int, backend: str) -> torch.Tensor | dict[int, torch.Tensor]:
+    """row_gemm: one packed copy for any row count; MKL: a copy per row bucket, keyed by its row count."""
     if backend == ROW_GEMM:
         return pack_for_row_gemm(weight)
-    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+    return {bucket: torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), bucket) for bucket in mkl_row_buckets(rows)}
 
 
 class PrepackedLinear(nn.Linear):
@@ -167,9 +188,10 @@ class PrepackedLinear(nn.Linear):
         if self.backend == ROW_GEMM:
             return row_gemm_linear(inputs, self.packed_weight, self.out_features, self.bias)
         rows = rows_of(inputs)
+        bucket = smallest_bucket(tuple(self.packed_weight), rows)
         flat = inputs.reshape(rows, self.in_features)
-        padded = F.pad(flat, (0, 0, 0, self.rows - rows))
-        output = torch.ops.mkl._mkl_linear(padded, self.packed_weight, self.weight, self.bias, self.rows)[:rows]
+        padded = F.pad(flat, (0, 0, 0, bucket - rows))
+        output = torch.ops.mkl._mkl_linear(padded, self.packed_weight[bucket], self.weight, self.bias, bucket)[:rows]
         return output.reshape(*inputs.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -260,6 +282,16 @@ def unpack_linears(model: nn.Module) -> None:
 def prepacked_rows(model: nn.Module) -> int | None:
     """The row count ``model``'s linear layers are packed for (None when none is packed)."""
     return next((module.rows for module in model.modules() if isinstance(module, PrepackedLinear)), None)
+
+
+def prepack_layout(model: nn.Module) -> dict | None:
+    """The packed path and the row counts it serves, for cost-cache keys (None when nothing is packed):
+    ``{"backend": "mkl", "buckets": [4, 8, 14]}``; row_gemm serves every count with one copy (no buckets)."""
+    layer = next((module for module in model.modules() if isinstance(module, PrepackedLinear)), None)
+    if layer is None:
+        return None
+    buckets = list(mkl_row_buckets(layer.rows)) if layer.backend == MKL else None
+    return {"backend": layer.backend, "rows": layer.rows, "buckets": buckets}
 
 
 def prepack_backend(model: nn.Module) -> str | None:

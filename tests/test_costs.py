@@ -15,6 +15,7 @@ import medusa_lite.costs as costs
 from medusa_lite import DynamicTree, MedusaModel, load
 from medusa_lite.kernels import KERNEL_ENV_VAR, kernel_path
 from medusa_lite.loading import verification_rows, write_tree_file
+from medusa_lite.prepack import MKL, mkl_packing_available, prepack_linears
 from medusa_lite.tree import Tree
 
 OTHER_MACHINES_COSTS = [1.0] * 14  # "rows are free": an AVX-512 machine's file, say
@@ -57,7 +58,7 @@ def test_first_use_measures_and_caches_then_reads_the_cache(cache, monkeypatch):
 def test_the_cache_is_per_threads_dtype_kernel_and_model(cache, monkeypatch):
     model = tiny_model()
     key = costs.cost_key(model)
-    assert {"cpu", "cpu_capability", "device", "dtype", "threads", "kernel", "prepack_backend", "model"} <= key.keys()
+    assert {"cpu", "cpu_capability", "device", "dtype", "threads", "kernel", "prepack", "model"} <= key.keys()
     assert key["kernel"] == (kernel_path().variant or "off") and key["threads"] == torch.get_num_threads()
     threads = torch.get_num_threads()
     try:
@@ -68,6 +69,20 @@ def test_the_cache_is_per_threads_dtype_kernel_and_model(cache, monkeypatch):
     assert costs.cost_cache_path(costs.cost_key(model.to(torch.float64))) != costs.cost_cache_path(key)
     monkeypatch.setattr(costs, "kernel_path", lambda: dataclasses.replace(kernel_path(), variant=None))
     assert costs.cost_key(tiny_model())["kernel"] == "off"
+
+
+@pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed linear ops")
+def test_the_cache_is_per_packed_layout():
+    """Costs measured on MKL copies packed for other row buckets do not price this layout's rows."""
+    model = tiny_model()
+    unpacked = costs.cost_key(model)
+    prepack_linears(model.base_model, 8, MKL)
+    eight = costs.cost_key(model)
+    prepack_linears(model.base_model, 14, MKL)
+    fourteen = costs.cost_key(model)
+    assert unpacked["prepack"] is None and eight["prepack"] == {"backend": MKL, "rows": 8, "buckets": [4, 8]}
+    assert fourteen["prepack"]["buckets"] == [4, 8, 14]
+    assert len({costs.cost_cache_path(key) for key in (unpacked, eight, fourteen)}) == 3
 
 
 def test_a_stale_or_foreign_cache_file_is_measured_again(cache):

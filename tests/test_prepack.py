@@ -33,6 +33,7 @@ from medusa_lite.prepack import (
     PrepackedLinear,
     default_backend,
     mkl_packing_available,
+    mkl_row_buckets,
     packed_from_rows,
     prepack_backend,
     prepack_linears,
@@ -94,8 +95,8 @@ def packed_calls(monkeypatch, backend) -> list[int]:
 
 
 def multiplied_rows(backend: str, rows: int, packed_rows: int = PACKED_ROWS) -> int:
-    """How many rows the packed path multiplies for ``rows`` input rows (MKL pads to the packed count)."""
-    return packed_rows if backend == MKL else rows
+    """How many rows the packed path multiplies for ``rows`` input rows (MKL pads to the smallest bucket that holds them)."""
+    return next(bucket for bucket in mkl_row_buckets(packed_rows) if bucket >= rows) if backend == MKL else rows
 
 
 def linear_layer(bias: bool) -> nn.Linear:
@@ -190,6 +191,19 @@ def test_gradients_take_the_plain_path(backend, packed_calls):
     assert packed_calls == [
         multiplied_rows(backend, PACKED_ROWS - 1)
     ]  # without grad the same input takes the packed path
+
+
+def test_mkl_row_buckets_double_from_the_minimum_up_to_the_packed_rows():
+    assert mkl_row_buckets(MIN_PREPACKED_ROWS - 1) == ()
+    assert mkl_row_buckets(MIN_PREPACKED_ROWS) == (MIN_PREPACKED_ROWS,)
+    assert mkl_row_buckets(14) == (4, 8, 14)
+    assert mkl_row_buckets(16) == (4, 8, 16)
+    assert mkl_row_buckets(17) == (4, 8, 16, 17)
+    # every row count in the packed range has a bucket, and none pads by more than doubling
+    for rows in range(MIN_PREPACKED_ROWS, 40):
+        for needed in range(MIN_PREPACKED_ROWS, rows + 1):
+            padded = multiplied_rows(MKL, needed, rows)
+            assert needed <= padded < 2 * needed, (rows, needed, padded)
 
 
 # -- prepack_linears / unpack_linears ----------------------------------------------------------
@@ -379,7 +393,7 @@ def test_greedy_on_a_prepacked_model_matches_plain_greedy(family, backend, packe
             f"{family}: diverged from plain greedy"
         )
     assert packed_calls, "verification never took the packed path"
-    assert max(packed_calls) <= rows and (backend == ROW_GEMM or set(packed_calls) == {rows})
+    assert max(packed_calls) <= rows and (backend == ROW_GEMM or set(packed_calls) <= set(mkl_row_buckets(rows)))
 
 
 # -- load and the commands ---------------------------------------------------------------------
