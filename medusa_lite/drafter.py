@@ -38,6 +38,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -50,13 +51,12 @@ from medusa_lite.heads import (
     DRAFT_IDS_NAME,
     WEIGHTS_NAME,
     DraftLMHead,
-    check_state_dict,
+    StrictArtifact,
     draft_ids_problem,
     draft_rows,
     heads_file,
     read_weights,
 )
-from medusa_lite.resolve import resolve_source
 
 # The ``kind`` a drafter's config.json records (Medusa heads' configs have no ``kind``).
 DRAFTER_KIND = "sequential-drafter"
@@ -182,6 +182,7 @@ class DrafterStep:
 
 
 class SequentialDrafter(
+    StrictArtifact,
     nn.Module,
     PyTorchModelHubMixin,
     library_name="medusa-lite",
@@ -189,6 +190,8 @@ class SequentialDrafter(
     repo_url="https://github.com/medusa-lite/medusa-lite",
 ):
     """The drafter's weights (see the module docstring); decoding state lives outside it."""
+
+    artifact_what: ClassVar[str] = DRAFTER_WHAT
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -309,55 +312,13 @@ class SequentialDrafter(
                 lines.append(f"- {key}: {summary[key]}")
         return ModelCard("\n".join(lines) + "\n")
 
-    # -- loading -----------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path,
-        *,
-        revision=None,
-        cache_dir=None,
-        token=None,
-        local_files_only=False,
-        map_location="cpu",
-        **unused,
-    ) -> SequentialDrafter:
-        """Load a drafter from a local folder or a Hub repo, strictly, with errors that name the file."""
-        if unused:
-            raise TypeError(f"SequentialDrafter.from_pretrained got unexpected arguments {sorted(unused)}")
-        source = resolve_source(
-            pretrained_model_name_or_path,
-            DRAFTER_WHAT,
-            revision=revision,
-            cache_dir=cache_dir,
-            token=token,
-            local_files_only=local_files_only,
-        )
-        return cls.from_source(source, map_location=map_location)
-
+    # -- loading (from_pretrained, strict load_state_dict: StrictArtifact) -------------------
     @classmethod
     def from_source(cls, source, *, map_location: str | torch.device = "cpu") -> SequentialDrafter:
         """Load a drafter from a resolved :class:`~medusa_lite.resolve.ArtifactSource` (strictly)."""
         drafter = cls(read_drafter_config(heads_file(source, CONFIG_NAME)))
         drafter.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
         return drafter
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Strict by default; a mismatch names the missing/unexpected/misshapen tensors."""
-        if strict:
-            try:
-                check_state_dict(self.state_dict(), state_dict)
-            except HeadsFileError as error:
-                raise HeadsFileError(str(error).replace("Medusa heads", "drafter")) from None
-        token_ids = state_dict.get(DRAFT_IDS_NAME)
-        if token_ids is not None and self.draft_token_ids is not None:
-            problem = draft_ids_problem(token_ids, self.config.vocab_size)
-            if problem is not None:
-                raise HeadsFileError(
-                    f"drafter weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written for "
-                    "another vocabulary"
-                )
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def read_config_values(path: Path) -> dict:

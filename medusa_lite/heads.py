@@ -23,6 +23,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -291,7 +292,59 @@ class DraftLMHead(nn.Module):
         return F.linear(hidden, self.weight, self.bias)
 
 
+class StrictArtifact:
+    """Loading shared by medusa-lite's artifact classes (the heads, the drafter): ``from_pretrained``
+    resolves a local folder or Hub repo (:func:`~medusa_lite.resolve.resolve_source`: a path that
+    does not exist, or a repo that cannot be had, raises
+    :class:`~medusa_lite.errors.ArtifactNotFoundError` saying which) and hands it to the class's
+    ``from_source``; ``load_state_dict`` is strict by default and names every mismatching tensor and
+    a corrupt draft vocabulary. ``artifact_what`` names the artifact in errors. Listed before
+    ``PyTorchModelHubMixin`` so its ``from_pretrained`` is the one that runs."""
+
+    artifact_what: ClassVar[str]
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        pretrained_model_name_or_path: str | os.PathLike,
+        *,
+        revision: str | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        token: str | bool | None = None,
+        local_files_only: bool = False,
+        map_location: str | torch.device = "cpu",
+        **unused,
+    ):
+        """Load from a local folder or a Hub repo, strictly, with errors that name the file."""
+        if unused:
+            raise TypeError(f"{cls.__name__}.from_pretrained got unexpected arguments {sorted(unused)}")
+        source = resolve_source(
+            pretrained_model_name_or_path,
+            cls.artifact_what,
+            revision=revision,
+            cache_dir=cache_dir,
+            token=token,
+            local_files_only=local_files_only,
+        )
+        return cls.from_source(source, map_location=map_location)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Strict by default; a mismatch names the missing/unexpected/misshapen tensors."""
+        if strict:
+            check_state_dict(self.state_dict(), state_dict, self.artifact_what)
+        token_ids = state_dict.get(DRAFT_IDS_NAME)
+        if token_ids is not None and self.draft_token_ids is not None:
+            problem = draft_ids_problem(token_ids, self.config.vocab_size)
+            if problem is not None:
+                raise HeadsFileError(
+                    f"{self.artifact_what} weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written "
+                    "for another vocabulary"
+                )
+        return super().load_state_dict(state_dict, strict=strict, assign=assign)
+
+
 class MedusaHeads(
+    StrictArtifact,
     nn.Module,
     PyTorchModelHubMixin,
     library_name=LIBRARY_NAME,
@@ -306,6 +359,8 @@ class MedusaHeads(
     any order of distinct in-range ids is valid. A fresh module holds the placeholder ids
     ``0..D-1`` until :meth:`set_draft_vocab` or loading replaces them. Without one it is None.
     """
+
+    artifact_what: ClassVar[str] = HEADS_WHAT
 
     def __init__(self, config: MedusaConfig):
         super().__init__()
@@ -388,36 +443,7 @@ class MedusaHeads(
         """The README written by ``save_pretrained``/``push_to_hub``: our card, from the config."""
         return ModelCard(model_card(self.config))
 
-    # -- loading -------------------------------------------------------------------------------
-    @classmethod
-    def from_pretrained(
-        cls,
-        pretrained_model_name_or_path: str | os.PathLike,
-        *,
-        revision: str | None = None,
-        cache_dir: str | os.PathLike | None = None,
-        token: str | bool | None = None,
-        local_files_only: bool = False,
-        map_location: str | torch.device = "cpu",
-        **unused,
-    ) -> MedusaHeads:
-        """Load heads from a local folder or a Hub repo, strictly, with errors that name the file.
-
-        A path that does not exist, or a repo that cannot be had, raises
-        :class:`~medusa_lite.errors.ArtifactNotFoundError` saying which (:mod:`medusa_lite.resolve`).
-        """
-        if unused:
-            raise TypeError(f"MedusaHeads.from_pretrained got unexpected arguments {sorted(unused)}")
-        source = resolve_source(
-            pretrained_model_name_or_path,
-            HEADS_WHAT,
-            revision=revision,
-            cache_dir=cache_dir,
-            token=token,
-            local_files_only=local_files_only,
-        )
-        return cls.from_source(source, map_location=map_location)
-
+    # -- loading (from_pretrained, strict load_state_dict: StrictArtifact) ---------------------
     @classmethod
     def from_source(cls, source: ArtifactSource, *, map_location: str | torch.device = "cpu") -> MedusaHeads:
         """Load heads from a resolved :class:`~medusa_lite.resolve.ArtifactSource` (strictly)."""
@@ -425,20 +451,6 @@ class MedusaHeads(
         heads = cls(config)
         heads.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
         return heads
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Strict by default; a mismatch names the missing/unexpected/misshapen tensors."""
-        if strict:
-            check_state_dict(self.state_dict(), state_dict)
-        token_ids = state_dict.get(DRAFT_IDS_NAME)
-        if token_ids is not None and self.draft_token_ids is not None:
-            problem = draft_ids_problem(token_ids, self.config.vocab_size)
-            if problem is not None:
-                raise HeadsFileError(
-                    f"Medusa heads weights: {DRAFT_IDS_NAME} {problem}; the file is corrupt or was written "
-                    "for another vocabulary"
-                )
-        return super().load_state_dict(state_dict, strict=strict, assign=assign)
 
 
 def heads_file(source: ArtifactSource, file_name: str) -> Path:
@@ -475,7 +487,10 @@ def read_weights(path: Path, map_location: str | torch.device = "cpu") -> dict[s
         ) from error
 
 
-def check_state_dict(expected: dict[str, torch.Tensor], given: dict[str, torch.Tensor]) -> None:
+def check_state_dict(
+    expected: dict[str, torch.Tensor], given: dict[str, torch.Tensor], what: str = HEADS_WHAT
+) -> None:
+    """Raise :class:`HeadsFileError` naming every missing, unexpected or misshapen tensor of ``what``'s weights."""
     missing = sorted(set(expected) - set(given))
     unexpected = sorted(set(given) - set(expected))
     misshapen = [
@@ -491,4 +506,4 @@ def check_state_dict(expected: dict[str, torch.Tensor], given: dict[str, torch.T
             details.append(f"unexpected tensors {unexpected[:6]}{'...' if len(unexpected) > 6 else ''}")
         if misshapen:
             details.append("wrong shapes " + "; ".join(misshapen[:4]))
-        raise HeadsFileError("Medusa heads weights do not match their config: " + ", ".join(details))
+        raise HeadsFileError(f"{what} weights do not match their config: " + ", ".join(details))

@@ -58,7 +58,9 @@ def mkl_row_buckets(rows: int) -> tuple[int, ...]:
     """
     if rows < MIN_PREPACKED_ROWS:
         return ()
-    doublings = [MIN_PREPACKED_ROWS << shift for shift in range(rows.bit_length()) if MIN_PREPACKED_ROWS << shift < rows]
+    doublings = [
+        MIN_PREPACKED_ROWS << shift for shift in range(rows.bit_length()) if MIN_PREPACKED_ROWS << shift < rows
+    ]
     return (*doublings, rows)
 
 
@@ -155,7 +157,9 @@ def packed_copy(weight: torch.Tensor, rows: int, backend: str) -> torch.Tensor |
     """row_gemm: one packed copy for any row count; MKL: a copy per row bucket, keyed by its row count."""
     if backend == ROW_GEMM:
         return pack_for_row_gemm(weight)
-    return {bucket: torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), bucket) for bucket in mkl_row_buckets(rows)}
+    return {
+        bucket: torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), bucket) for bucket in mkl_row_buckets(rows)
+    }
 
 
 class PrepackedLinear(nn.Linear):

@@ -95,7 +95,7 @@ def packed_calls(monkeypatch, backend) -> list[int]:
 
 
 def multiplied_rows(backend: str, rows: int, packed_rows: int = PACKED_ROWS) -> int:
-    """How many rows the packed path multiplies for ``rows`` input rows (MKL pads to the smallest bucket that holds them)."""
+    """How many rows the packed path multiplies for ``rows`` input rows (MKL: the smallest bucket holding them)."""
     return next(bucket for bucket in mkl_row_buckets(packed_rows) if bucket >= rows) if backend == MKL else rows
 
 
