@@ -243,15 +243,17 @@ def run_medusa_with(
     lookup_tokens: int,
     datastore_tokens: int,
 ) -> Result:
-    output, seconds = timed(
-        lambda: generate(
-            model, input_ids, max_new_tokens, tree=tree, lookup_tokens=lookup_tokens, datastore_tokens=datastore_tokens
-        )
+    return timed_generate(
+        model, input_ids, max_new_tokens, tree=tree, lookup_tokens=lookup_tokens, datastore_tokens=datastore_tokens
     )
+
+
+def timed_generate(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, **options) -> Result:
+    """One timed :func:`generate` call with ``options`` and what its statistics say, as a :class:`Result`."""
+    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, **options))
     stats = output.stats
-    new = output.sequences[0, input_ids.shape[1] :].tolist()
     return Result(
-        new,
+        output.sequences[0, input_ids.shape[1] :].tolist(),
         seconds,
         stats.target_calls,
         stats.steps,
@@ -287,38 +289,18 @@ def run_heads(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, 
 
 
 def run_drafter(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
-    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=settings.drafter))
-    stats = output.stats
-    return Result(
-        output.sequences[0, input_ids.shape[1] :].tolist(),
-        seconds,
-        stats.target_calls,
-        stats.steps,
-        list(stats.accepted_at_depth),
-        stats.lookup_steps,
-        stats.datastore_steps,
-        stats.verified_rows,
-    )
+    return timed_generate(model, input_ids, max_new_tokens, proposers=settings.drafter)
 
 
 def run_draft(model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings) -> Result:
-    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=[settings.draft]))
-    stats = output.stats
-    new = output.sequences[0, input_ids.shape[1] :].tolist()
-    return Result(
-        new, seconds, stats.target_calls, stats.steps, list(stats.accepted_at_depth), 0, 0, stats.verified_rows
-    )
+    return timed_generate(model, input_ids, max_new_tokens, proposers=[settings.draft])
 
 
 def run_lookahead(
     model: MedusaModel, input_ids: torch.Tensor, max_new_tokens: int, settings: MedusaSettings
-) -> Result:  # noqa: E501
+) -> Result:
     """Lookahead decoding alone (:class:`medusa_lite.LookaheadProposer` with its defaults), no heads, no lookups."""
-    output, seconds = timed(lambda: generate(model, input_ids, max_new_tokens, proposers=[LookaheadProposer()]))
-    stats = output.stats
-    new = output.sequences[0, input_ids.shape[1] :].tolist()
-    accepted_at_depth = list(stats.accepted_at_depth)
-    return Result(new, seconds, stats.target_calls, stats.steps, accepted_at_depth, verified_rows=stats.verified_rows)
+    return timed_generate(model, input_ids, max_new_tokens, proposers=[LookaheadProposer()])
 
 
 RUNNERS: dict[str, Callable[..., Result]] = {
