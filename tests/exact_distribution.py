@@ -5,9 +5,11 @@ enumerated from the target with full forwards; samples are compared to it with P
 chi-square goodness-of-fit test, bins with expected count < 5 merged.
 """
 
+from collections.abc import Iterable, Iterator
+
 import torch
 
-from medusa_lite import SamplingSettings, Tree, generate, logits_to_probs
+from medusa_lite import GenerationOutput, SamplingSettings, Tree, generate, logits_to_probs
 
 VOCAB = 3
 NEW_TOKENS = 4
@@ -20,22 +22,59 @@ PROMPT = torch.tensor([[0, 2, 1]])
 PARTIAL_TREE = Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (0, 0, 0)])
 
 
-def exact_distribution(base, settings: SamplingSettings) -> dict[tuple[int, ...], float]:
-    """P(first NEW_TOKENS tokens) by enumerating every continuation with full forwards."""
+def enumerated_distribution(
+    base, prompt: torch.Tensor, new_tokens: int, settings: SamplingSettings
+) -> dict[tuple[int, ...], float]:
+    """P(first ``new_tokens`` tokens after ``prompt`` [1, L]) by enumerating every continuation with full forwards."""
+    vocab = base.config.vocab_size
     probs = {(): 1.0}
-    for _ in range(NEW_TOKENS):
+    for _ in range(new_tokens):
         prefixes = list(probs)
-        batch = torch.cat(
-            [PROMPT.repeat(len(prefixes), 1), torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)], dim=1
-        )
+        continuations = torch.tensor(prefixes, dtype=torch.long).view(len(prefixes), -1)
+        batch = torch.cat([prompt.repeat(len(prefixes), 1), continuations], dim=1)
         with torch.no_grad():
             next_probs = logits_to_probs(base(batch).logits[:, -1], settings)
         probs = {
             prefix + (t,): probs[prefix] * float(next_probs[i, t])
             for i, prefix in enumerate(prefixes)
-            for t in range(VOCAB)
+            for t in range(vocab)
         }
     return probs
+
+
+def exact_distribution(base, settings: SamplingSettings) -> dict[tuple[int, ...], float]:
+    """P(first NEW_TOKENS tokens after PROMPT)."""
+    return enumerated_distribution(base, PROMPT, NEW_TOKENS, settings)
+
+
+def sampled_outputs(
+    model, prompt: torch.Tensor, new_tokens: int, settings: SamplingSettings, n: int, seed: int, **generate_kwargs
+) -> Iterator[GenerationOutput]:
+    """``n`` calls of ``generate`` sampling ``new_tokens`` tokens with ``settings`` (one seeded generator, no EOS)."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        yield generate(
+            model,
+            prompt,
+            new_tokens,
+            temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
+            generator=generator,
+            eos_token_id=[],
+            **generate_kwargs,
+        )
+
+
+def continuation(out: GenerationOutput, prompt: torch.Tensor) -> tuple[int, ...]:
+    return tuple(out.sequences[0, prompt.shape[1] :].tolist())
+
+
+def counted(outcomes: Iterable[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
+    counts: dict[tuple[int, ...], int] = {}
+    for outcome in outcomes:
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return counts
 
 
 def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
@@ -59,22 +98,7 @@ def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
 
 
 def sample_counts(model, settings, tree, n, seed, lookup_tokens=0, datastore=None):
-    generator = torch.Generator().manual_seed(seed)
-    counts = {}
-    for _ in range(n):
-        out = generate(
-            model,
-            PROMPT,
-            NEW_TOKENS,
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            tree=tree,
-            lookup_tokens=lookup_tokens,
-            datastore=datastore,
-            generator=generator,
-            eos_token_id=[],
-        )
-        outcome = tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
-        counts[outcome] = counts.get(outcome, 0) + 1
-    return counts
+    runs = sampled_outputs(
+        model, PROMPT, NEW_TOKENS, settings, n, seed, tree=tree, lookup_tokens=lookup_tokens, datastore=datastore
+    )
+    return counted(continuation(out, PROMPT) for out in runs)

@@ -6,7 +6,18 @@ import dataclasses
 
 import pytest
 import torch
-from exact_distribution import ALPHA, NEW_TOKENS, NUM_SAMPLES, PROMPT, VOCAB, chi_square_p_value, exact_distribution
+from exact_distribution import (
+    ALPHA,
+    NEW_TOKENS,
+    NUM_SAMPLES,
+    PROMPT,
+    VOCAB,
+    chi_square_p_value,
+    continuation,
+    counted,
+    exact_distribution,
+    sampled_outputs,
+)
 from tiny_models import FAMILIES, plain_greedy, tiny_base_model
 
 from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, generate
@@ -137,24 +148,11 @@ def sampling_model():
 
 
 def drafter_counts(base, proposers, settings, n, seed):
+    """(how often each continuation came out, the draft rows verified beside the roots) over ``n`` samples."""
     model = MedusaModel(base, None, proposers=proposers)
-    generator = torch.Generator().manual_seed(seed)
-    counts, rows = {}, 0
-    for _ in range(n):
-        out = generate(
-            model,
-            PROMPT,
-            NEW_TOKENS,
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            generator=generator,
-            eos_token_id=[],
-        )
-        outcome = tuple(out.sequences[0, PROMPT.shape[1] :].tolist())
-        counts[outcome] = counts.get(outcome, 0) + 1
-        rows += out.stats.verified_rows - len(out.stats.tokens_per_step)
-    return counts, rows
+    runs = list(sampled_outputs(model, PROMPT, NEW_TOKENS, settings, n, seed))
+    rows = sum(out.stats.verified_rows - len(out.stats.tokens_per_step) for out in runs)
+    return counted(continuation(out, PROMPT) for out in runs), rows
 
 
 COSTS = DynamicTree(6, tuple(1.0 + 0.05 * rows for rows in range(16)), tokens_per_cost=0.5)

@@ -10,7 +10,7 @@ at 3000 samples): the logits test below catches it exactly, and shows so with th
 
 import pytest
 import torch
-from distribution_check import ALPHA, chi_square_p_value, exact_distribution, sampled_counts
+from distribution_check import ALPHA, chi_square_p_value, exact_distribution, sampled_counts, sampled_outputs
 from tiny_models import FAMILIES, plain_greedy, tiny_base_model
 
 import medusa_lite.verify
@@ -93,22 +93,10 @@ SAMPLING_CASES = {
 
 
 def accepted_lookahead_guesses(model, settings, runs=50):
-    generator = torch.Generator().manual_seed(7)
-    total = 0
-    for _ in range(runs):
-        out = generate(
-            model,
-            PROMPT,
-            NEW_TOKENS,
-            temperature=settings.temperature,
-            top_k=settings.top_k,
-            top_p=settings.top_p,
-            proposers=[LookaheadProposer(**SMALL_WINDOW)],
-            generator=generator,
-            eos_token_id=[],
-        )
-        total += out.stats.accepted_by_source.get(LOOKAHEAD_SOURCE, 0)
-    return total
+    outputs = sampled_outputs(
+        model, PROMPT, NEW_TOKENS, settings, runs, seed=7, proposers=[LookaheadProposer(**SMALL_WINDOW)]
+    )
+    return sum(out.stats.accepted_by_source.get(LOOKAHEAD_SOURCE, 0) for out in outputs)
 
 
 @pytest.mark.parametrize("case", list(SAMPLING_CASES))
