@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,7 +28,6 @@ from medusa_lite.drafter_proposer import drafter_proposal
 from medusa_lite.kernels import cpu_capability, kernel_path
 from medusa_lite.loading import drafter_proposer_for
 from medusa_lite.measure import cpu_model
-from medusa_lite.prepack import ROW_GEMM, prepack_backend, prepack_linears
 
 DRAFT_VOCAB = 8192  # configs/smollm2_drafter.yaml
 MAX_ROWS = 14  # what the default load() packs the target for
@@ -48,12 +46,9 @@ def main() -> None:
     rows = []
     for depth in args.depths:
         config = DrafterConfig.for_model(model.base_model, depth=depth, draft_vocab_size=DRAFT_VOCAB)
-        spec = drafter_proposer_for(model, SequentialDrafter(config).eval(), POLICY, price_here=False)
-        for topk in args.topks:
-            spec = replace(spec, topk=topk)
-            if prepack_backend(model.base_model) == ROW_GEMM:  # as load packs it, for this topk's rows
-                prepack_linears(spec.drafter, spec.packed_rows(), ROW_GEMM)
-                spec.draft_lm_head.pack_for_few_rows(spec.packed_rows())
+        drafter = SequentialDrafter(config).eval()
+        for topk in args.topks:  # set up (and packed for its rows) as load() does
+            spec = drafter_proposer_for(model, drafter, POLICY, price_here=False, topk=topk)
             costs = measure_row_costs(model, MAX_ROWS, drafter_proposal(spec, model))
             row = {
                 "depth": depth,

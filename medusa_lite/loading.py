@@ -43,6 +43,7 @@ from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.drafter import SequentialDrafter, holds_drafter
 from medusa_lite.drafter_proposer import (
     DEFAULT_DRAFTER_NODES,
+    DEFAULT_DRAFTER_TOPK,
     SequentialDrafterProposer,
     check_drafter_fits,
     drafter_proposal,
@@ -394,16 +395,22 @@ def load_with_drafter(
 
 
 def drafter_proposer_for(
-    model: MedusaModel, drafter: SequentialDrafter, policy: DynamicTree, *, price_here: bool = True
+    model: MedusaModel,
+    drafter: SequentialDrafter,
+    policy: DynamicTree,
+    *,
+    price_here: bool = True,
+    topk: int = DEFAULT_DRAFTER_TOPK,
 ) -> SequentialDrafterProposer:
     """The drafter ready to decode with ``model``: on its device and dtype, its few-row products packed for the
-    row_gemm kernel where the target's are, adding up to ``policy.max_nodes - 1`` nodes a step, each step sized
-    and gated by the policy's ``tokens_per_cost`` and step costs: this machine's, measured for the verified rows
-    and the drafter's own work (:func:`priced_here`), unless ``price_here`` is False (the policy's own costs)."""
+    row_gemm kernel where the target's are, expanding ``topk`` nodes a depth and adding up to
+    ``policy.max_nodes - 1`` nodes a step, each step sized and gated by the policy's ``tokens_per_cost`` and step
+    costs: this machine's, measured for the verified rows and the drafter's own work (:func:`priced_here`), unless
+    ``price_here`` is False (the policy's own costs)."""
     check_drafter_fits(model, drafter)
     lm_head = model.base_model.get_output_embeddings()
     drafter.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-    spec = SequentialDrafterProposer(drafter, max_new_nodes=max(policy.max_nodes - 1, 1))
+    spec = SequentialDrafterProposer(drafter, topk=topk, max_new_nodes=max(policy.max_nodes - 1, 1))
     ids = drafter.draft_token_ids
     draft_lm_head = None if ids is None else DraftLMHead(lm_head, ids)
     if prepack_backend(model.base_model) == ROW_GEMM:

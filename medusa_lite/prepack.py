@@ -30,7 +30,7 @@ float32 on CPU is supported.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -64,7 +64,7 @@ def mkl_row_buckets(rows: int) -> tuple[int, ...]:
     return (*doublings, rows)
 
 
-def smallest_bucket(buckets: tuple[int, ...], rows: int) -> int:
+def smallest_bucket(buckets: Iterable[int], rows: int) -> int:
     """The first of the ascending ``buckets`` that holds ``rows`` rows."""
     return next(bucket for bucket in buckets if bucket >= rows)
 
@@ -192,7 +192,7 @@ class PrepackedLinear(nn.Linear):
         if self.backend == ROW_GEMM:
             return row_gemm_linear(inputs, self.packed_weight, self.out_features, self.bias)
         rows = rows_of(inputs)
-        bucket = smallest_bucket(tuple(self.packed_weight), rows)
+        bucket = smallest_bucket(self.packed_weight, rows)  # its keys, ascending
         flat = inputs.reshape(rows, self.in_features)
         padded = F.pad(flat, (0, 0, 0, bucket - rows))
         output = torch.ops.mkl._mkl_linear(padded, self.packed_weight[bucket], self.weight, self.bias, bucket)[:rows]

@@ -8,11 +8,12 @@ using these shows its power with a negative control: a wrong rule, the same test
 
 from __future__ import annotations
 
+from collections import Counter
+
 from exact_distribution import (  # noqa: F401  (ALPHA, chi_square_p_value re-exported for the proposer tests)
     ALPHA,
     chi_square_p_value,
     continuation,
-    counted,
     sampled_outputs,
 )
 from exact_distribution import enumerated_distribution as exact_distribution  # noqa: F401  (re-exported)
@@ -20,7 +21,7 @@ from exact_distribution import enumerated_distribution as exact_distribution  # 
 
 def sampled_counts(model, prompt, new_tokens: int, settings, n: int, seed: int, **generate_kwargs) -> dict:
     """How often each continuation of ``new_tokens`` tokens came out of ``n`` calls of ``generate``."""
-    return counted(
+    return Counter(
         continuation(out, prompt)
         for out in sampled_outputs(model, prompt, new_tokens, settings, n, seed, **generate_kwargs)
     )

@@ -5,7 +5,8 @@ enumerated from the target with full forwards; samples are compared to it with P
 chi-square goodness-of-fit test, bins with expected count < 5 merged.
 """
 
-from collections.abc import Iterable, Iterator
+from collections import Counter
+from collections.abc import Iterator
 
 import torch
 
@@ -70,13 +71,6 @@ def continuation(out: GenerationOutput, prompt: torch.Tensor) -> tuple[int, ...]
     return tuple(out.sequences[0, prompt.shape[1] :].tolist())
 
 
-def counted(outcomes: Iterable[tuple[int, ...]]) -> dict[tuple[int, ...], int]:
-    counts: dict[tuple[int, ...], int] = {}
-    for outcome in outcomes:
-        counts[outcome] = counts.get(outcome, 0) + 1
-    return counts
-
-
 def chi_square_p_value(counts: dict, expected_probs: dict, n: int) -> float:
     """Pearson chi-square p-value, merging bins whose expected count is below MIN_EXPECTED."""
     observed, expected, pooled_observed, pooled_expected = [], [], 0.0, 0.0
@@ -101,4 +95,4 @@ def sample_counts(model, settings, tree, n, seed, lookup_tokens=0, datastore=Non
     runs = sampled_outputs(
         model, PROMPT, NEW_TOKENS, settings, n, seed, tree=tree, lookup_tokens=lookup_tokens, datastore=datastore
     )
-    return counted(continuation(out, PROMPT) for out in runs)
+    return Counter(continuation(out, PROMPT) for out in runs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 
 import pytest
 import torch
@@ -14,7 +15,6 @@ from exact_distribution import (
     VOCAB,
     chi_square_p_value,
     continuation,
-    counted,
     exact_distribution,
     sampled_outputs,
 )
@@ -152,7 +152,7 @@ def drafter_counts(base, proposers, settings, n, seed):
     model = MedusaModel(base, None, proposers=proposers)
     runs = list(sampled_outputs(model, PROMPT, NEW_TOKENS, settings, n, seed))
     rows = sum(out.stats.verified_rows - len(out.stats.tokens_per_step) for out in runs)
-    return counted(continuation(out, PROMPT) for out in runs), rows
+    return Counter(continuation(out, PROMPT) for out in runs), rows
 
 
 COSTS = DynamicTree(6, tuple(1.0 + 0.05 * rows for rows in range(16)), tokens_per_cost=0.5)
