@@ -303,9 +303,9 @@ def load(
     raises :class:`~medusa_lite.errors.AdapterError`.
 
     ``prepack``: pack the target's linear weights for few-row products, up to the tree + the
-    default lookup chain (:mod:`medusa_lite.prepack`: the row_gemm kernel, else MKL; measured over
-    all linears of SmolLM2-135M, 8 rows: 61-64 ms unpacked, 45 ms MKL, 30 ms row_gemm, one row
-    27-29 ms). None: when possible (float32 on CPU); True: raise if not possible; False: never.
+    default lookup chain (:mod:`medusa_lite.prepack`: the row_gemm kernel, else oneDNN; measured
+    over all linears of SmolLM2-135M on an Intel Xeon, 8 rows: 61-64 ms unpacked, 30 ms row_gemm,
+    one row 27-29 ms). None: when possible (float32 on CPU); True: raise if not possible; False: never.
 
     ``proposers``: the sources of guesses ``generate`` uses by default (``model.proposers``,
     :mod:`medusa_lite.proposers`); None: the lookups, then the heads on the tree. The weights are
@@ -402,8 +402,8 @@ def drafter_proposer_for(
     price_here: bool = True,
     topk: int = DEFAULT_DRAFTER_TOPK,
 ) -> SequentialDrafterProposer:
-    """The drafter ready to decode with ``model``: on its device and dtype, its few-row products packed for the
-    row_gemm kernel where the target's are, expanding ``topk`` nodes a depth and adding up to
+    """The drafter ready to decode with ``model``: on its device and dtype, its few-row products on the target's
+    packed path, expanding ``topk`` nodes a depth and adding up to
     ``policy.max_nodes - 1`` nodes a step, each step sized and gated by the policy's ``tokens_per_cost`` and step
     costs: this machine's, measured for the verified rows and the drafter's own work (:func:`priced_here`), unless
     ``price_here`` is False (the policy's own costs)."""
@@ -413,8 +413,10 @@ def drafter_proposer_for(
     spec = SequentialDrafterProposer(drafter, topk=topk, max_new_nodes=max(policy.max_nodes - 1, 1))
     ids = drafter.draft_token_ids
     draft_lm_head = None if ids is None else DraftLMHead(lm_head, ids)
-    if prepack_backend(model.base_model) == ROW_GEMM:
-        prepack_linears(drafter, spec.packed_rows(), ROW_GEMM)
+    backend = prepack_backend(model.base_model)
+    if backend is not None:
+        prepack_linears(drafter, spec.packed_rows(), backend)
+    if backend == ROW_GEMM:
         if draft_lm_head is not None:
             draft_lm_head.pack_for_few_rows(spec.packed_rows())
     spec = replace(spec, draft_lm_head=draft_lm_head)

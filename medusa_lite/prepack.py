@@ -1,36 +1,36 @@
-"""Cheaper tree verification on CPU: linear weights pre-packed for a few-row GEMM.
+"""Cheaper tree verification on CPU: few-row products by the linear weights, off PyTorch's usual path.
 
 Verifying a tree multiplies every weight matrix of the target by a handful of rows (one per
 node). Decoding is memory-bound, so that should cost what one row costs; PyTorch's float32 linear
-does not get there (measured below). Two packed paths, chosen by :func:`prepack_linears`:
+does not get there (measured below). Two paths, chosen by :func:`prepack_linears`:
 
 - ``"row_gemm"`` (used when available): :mod:`medusa_lite.kernels`' kernel (its AVX-512 or AVX2
-  variant, as :func:`medusa_lite.kernels.kernel_path` decides), for ``ROW_GEMM_MIN_ROWS`` to
-  ``rows`` rows, on one packed copy of each weight (column blocks).
-- ``"mkl"`` (the fallback): MKL's packed GEMM (``torch.ops.mkl._mkl_reorder_linear_weight``, the
-  op TorchInductor's freezing pass uses). MKL packs a weight for one exact row count, so each
-  weight gets a copy per row bucket (:func:`mkl_row_buckets`: 4, 8, 16, ... below ``rows``, and
-  ``rows``) and an input of ``MIN_PREPACKED_ROWS`` to ``rows`` rows is zero-padded to the
-  smallest bucket that holds it: a 5-row tree pays for 8 rows, not for the 14 of the widest step.
+  variant, as :func:`medusa_lite.kernels.kernel_path` decides), on one packed copy of each weight
+  (column blocks).
+- ``"onednn"`` (the fallback: the kernel turned off, no C compiler, a CPU without AVX2): the oneDNN
+  library PyTorch ships (``torch.ops.mkldnn._linear_pointwise``), which reads the weight as it is:
+  no copy, any row count.
 
-:func:`prepack_linears` swaps every ``nn.Linear`` of a target for a :class:`PrepackedLinear`
-sharing its parameters; every other input (one-token decoding, prefills longer than ``rows``)
-takes the usual path, bit for bit. The model's parameters and ``state_dict`` are unchanged (the
-packed copy is not a buffer, and is ignored once the weight changes: see :class:`PrepackedLinear`).
-:func:`medusa_lite.load` packs the target for its tree plus the default prompt-lookup chain
-unless ``prepack=False``.
+Both serve inputs of ``MIN_PACKED_ROWS`` to ``rows`` rows. :func:`prepack_linears` swaps every
+``nn.Linear`` of a target for a :class:`PrepackedLinear` sharing its parameters; every other input
+(one-token decoding, prefills longer than ``rows``) takes the usual path, bit for bit. The model's
+parameters and ``state_dict`` are unchanged (the packed copy is not a buffer, and is ignored once
+the weight changes: see :class:`PrepackedLinear`). :func:`medusa_lite.load` packs the target for its
+tree plus the default prompt-lookup chain unless ``prepack=False``.
 
-Measured (SmolLM2-135M, float32, 2-core AVX-512 Xeon, 2 threads; all 211 linear layers of one
-forward, kernels only): 1 row 27-29 ms (PyTorch); 6 rows 51-57 ms PyTorch, 40-48 ms MKL packed,
-29 ms row_gemm; 8 rows 61-64 / 45 / 30 ms; 16 rows 46 ms row_gemm. The measurements behind the
-MKL buckets, and the AVX2 variant beside them: ``docs/results.md`` (few-row products). The packed
-copies cost memory (one copy of the weights for row_gemm, one per bucket for MKL) and only
-float32 on CPU is supported.
+Measured (SmolLM2-135M, float32, 2 threads; all 211 linear layers of one forward, kernels only):
+on a 2-core AVX-512 Xeon, 1 row 27-29 ms (PyTorch); 6 rows 51-57 ms PyTorch, 29 ms row_gemm; 8
+rows 61-64 / 30 ms; 16 rows 46 ms row_gemm. On a 2-core AVX-512 AMD EPYC, PyTorch / oneDNN /
+row_gemm: 1 row 16-18 / 13-14 / 10 ms; 4 rows 39-47 / 19-23 / 9 ms; 8 rows 37-52 / 20-28 / 10 ms;
+14 rows 50-62 / 24-33 / 14 ms (MKL's packed GEMM, the fallback before oneDNN, took 37-51 ms for
+4-14 rows there, and a copy of the weights per row bucket): ``docs/results.md`` (few-row products).
+Only float32 on CPU is supported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import functools
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -41,44 +41,35 @@ from medusa_lite.dtypes import dtype_name
 from medusa_lite.errors import UnsupportedModelError
 from medusa_lite.kernels import pack_for_row_gemm, row_gemm, row_gemm_available, row_gemm_unavailable_reason
 
-ROW_GEMM, MKL = "row_gemm", "mkl"
-BACKENDS = (ROW_GEMM, MKL)
-# Below this many rows the backend is no faster than PyTorch's own float32 path (measured above;
-# MKL packed: 2 and 3 nodes cost 1.14x and 1.18-1.28x a one-token step either way).
-ROW_GEMM_MIN_ROWS = 2
-MIN_PREPACKED_ROWS = 4
-BACKEND_MIN_ROWS = {ROW_GEMM: ROW_GEMM_MIN_ROWS, MKL: MIN_PREPACKED_ROWS}
+ROW_GEMM, ONEDNN = "row_gemm", "onednn"
+BACKENDS = (ROW_GEMM, ONEDNN)
+# One row takes PyTorch's usual path, as model.generate's steps do (packed_from_rows(model, 1) sends
+# it through the packed path instead); from two rows on both paths beat PyTorch's (measured above).
+MIN_PACKED_ROWS = 2
 
 
-def mkl_row_buckets(rows: int) -> tuple[int, ...]:
-    """The row counts MKL packs a weight for, up to ``rows``: powers of two from ``MIN_PREPACKED_ROWS``, then ``rows``.
-
-    Padding a product to the next power of two costs at most what twice its rows cost and each
-    bucket is one more copy of the weight, so the copies stay few (3 for the default 14 rows).
-    """
-    if rows < MIN_PREPACKED_ROWS:
-        return ()
-    doublings = [
-        MIN_PREPACKED_ROWS << shift for shift in range(rows.bit_length()) if MIN_PREPACKED_ROWS << shift < rows
-    ]
-    return (*doublings, rows)
+@functools.cache
+def onednn_available() -> bool:
+    """Whether this PyTorch build multiplies float32 rows by a dense weight through oneDNN (tried once, on 3 x 2)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    inputs, weight = torch.arange(6.0).reshape(3, 2), torch.eye(2)
+    try:
+        return torch.equal(onednn_linear(inputs, weight, None), inputs)
+    except RuntimeError:
+        return False
 
 
-def smallest_bucket(buckets: Iterable[int], rows: int) -> int:
-    """The first of the ascending ``buckets`` that holds ``rows`` rows."""
-    return next(bucket for bucket in buckets if bucket >= rows)
-
-
-def mkl_packing_available() -> bool:
-    """Whether this PyTorch build has MKL's packed linear ops."""
-    return torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear")
+def onednn_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(inputs, weight, bias)`` for 2-D ``inputs``, through oneDNN."""
+    return torch.ops.mkldnn._linear_pointwise(inputs, weight, bias, "none", [], "")
 
 
 def default_backend() -> str | None:
-    """The packed path this machine runs: ``"row_gemm"`` when it builds, else ``"mkl"``, else None."""
+    """The packed path this machine runs: ``"row_gemm"`` when it builds, else ``"onednn"``, else None."""
     if row_gemm_available():
         return ROW_GEMM
-    return MKL if mkl_packing_available() else None
+    return ONEDNN if onednn_available() else None
 
 
 def prepack_unsupported_reason(model: nn.Module) -> str | None:
@@ -93,7 +84,7 @@ def prepack_unsupported_reason(model: nn.Module) -> str | None:
     if default_backend() is None:
         return (
             f"the row_gemm kernel is unavailable ({row_gemm_unavailable_reason()}) and this PyTorch build has no "
-            "MKL packed linear ops"
+            "oneDNN linear"
         )
     return None
 
@@ -109,8 +100,7 @@ def check_prepack_supported(model: nn.Module) -> None:
     if reason is not None:
         raise UnsupportedModelError(
             f"cannot pre-pack linear weights: {reason} (pre-packing needs float32 weights on CPU and either "
-            "an AVX2 or "
-            "AVX-512 CPU with a C compiler or a PyTorch built with MKL)"
+            "an AVX2 or AVX-512 CPU with a C compiler or a PyTorch built with oneDNN)"
         )
 
 
@@ -153,34 +143,30 @@ def packed_copy_applies(
     )
 
 
-def packed_copy(weight: torch.Tensor, rows: int, backend: str) -> torch.Tensor | dict[int, torch.Tensor]:
-    """row_gemm: one packed copy for any row count; MKL: a copy per row bucket, keyed by its row count."""
-    if backend == ROW_GEMM:
-        return pack_for_row_gemm(weight)
-    return {
-        bucket: torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), bucket) for bucket in mkl_row_buckets(rows)
-    }
+def packed_copy(weight: torch.Tensor, backend: str) -> torch.Tensor | None:
+    """row_gemm: one packed copy for any row count; oneDNN: none (it reads the weight as it is)."""
+    return pack_for_row_gemm(weight) if backend == ROW_GEMM else None
 
 
 class PrepackedLinear(nn.Linear):
     """An ``nn.Linear`` (the same parameters) that multiplies few-row inputs by a packed copy.
 
-    ``backend``: ``"row_gemm"`` or ``"mkl"`` (see the module docstring). The packed copy is a
+    ``backend``: ``"row_gemm"`` or ``"onednn"`` (see the module docstring). The packed copy is a
     plain attribute, not a buffer: ``.to()``/``.half()`` never convert it, and it is used only
     while the weight is the very tensor, version, dtype and device it was packed from. After any
     change to the weight (loading, in-place updates, a dtype or device move) every input takes the
     usual path: still correct, no longer faster (pack again).
     """
 
-    def __init__(self, linear: nn.Linear, rows: int, backend: str = MKL):
+    def __init__(self, linear: nn.Linear, rows: int, backend: str = ONEDNN):
         if backend not in BACKENDS:
             raise ValueError(f"unknown prepack backend {backend!r}: one of {BACKENDS}")
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.rows, self.backend = rows, backend
-        self.min_rows = BACKEND_MIN_ROWS[backend]  # fewer rows take the usual path (see ``packed_from_rows``)
-        self.packed_weight = packed_copy(linear.weight, rows, backend)
+        self.min_rows = MIN_PACKED_ROWS  # fewer rows take the usual path (see ``packed_from_rows``)
+        self.packed_weight = packed_copy(linear.weight, backend)
         self.packed_from = weight_signature(linear.weight)
 
     def packed_path_applies(self, inputs: torch.Tensor) -> bool:
@@ -191,11 +177,7 @@ class PrepackedLinear(nn.Linear):
             return F.linear(inputs, self.weight, self.bias)
         if self.backend == ROW_GEMM:
             return row_gemm_linear(inputs, self.packed_weight, self.out_features, self.bias)
-        rows = rows_of(inputs)
-        bucket = smallest_bucket(self.packed_weight, rows)  # its keys, ascending
-        flat = inputs.reshape(rows, self.in_features)
-        padded = F.pad(flat, (0, 0, 0, bucket - rows))
-        output = torch.ops.mkl._mkl_linear(padded, self.packed_weight[bucket], self.weight, self.bias, bucket)[:rows]
+        output = onednn_linear(inputs.reshape(rows_of(inputs), self.in_features), self.weight, self.bias)
         return output.reshape(*inputs.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
@@ -224,21 +206,21 @@ def linear_children(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
 def prepack_linears(model: nn.Module, rows: int, backend: str | None = None) -> int:
     """Pack every linear layer of ``model`` for inputs of up to ``rows`` rows, in place; returns how many.
 
-    ``backend``: ``"row_gemm"`` or ``"mkl"``; None: :func:`default_backend`. Packing again
-    replaces earlier packed copies; ``rows`` below the backend's minimum (``ROW_GEMM_MIN_ROWS``,
-    ``MIN_PREPACKED_ROWS``) unpacks. Raises :class:`~medusa_lite.errors.UnsupportedModelError`
-    (a ``ValueError``) unless :func:`prepack_supported`, or when the chosen backend is unavailable.
+    ``backend``: ``"row_gemm"`` or ``"onednn"``; None: :func:`default_backend`. Packing again
+    replaces earlier packed copies; ``rows`` below ``MIN_PACKED_ROWS`` unpacks. Raises
+    :class:`~medusa_lite.errors.UnsupportedModelError` (a ``ValueError``) unless
+    :func:`prepack_supported`, or when the chosen backend is unavailable.
     """
-    backend = backend or default_backend() or MKL
+    backend = backend or default_backend() or ONEDNN
     if backend not in BACKENDS:
         raise ValueError(f"unknown prepack backend {backend!r}: one of {BACKENDS}")
-    packs = rows >= BACKEND_MIN_ROWS[backend]
+    packs = rows >= MIN_PACKED_ROWS
     if packs:
         check_prepack_supported(model)
         if backend == ROW_GEMM and not row_gemm_available():
             raise UnsupportedModelError(f"cannot pre-pack for the row_gemm kernel: {row_gemm_unavailable_reason()}")
-        if backend == MKL and not mkl_packing_available():
-            raise UnsupportedModelError("cannot pre-pack for MKL: this PyTorch build has no MKL packed linear ops")
+        if backend == ONEDNN and not onednn_available():
+            raise UnsupportedModelError("cannot use oneDNN for few-row products: this PyTorch build lacks it")
     layers = linear_children(model)
     for parent, name, layer in layers:
         plain = unpacked(layer)
@@ -250,12 +232,11 @@ def prepack_linears(model: nn.Module, rows: int, backend: str | None = None) -> 
 def packed_from_rows(model: nn.Module, min_rows: int) -> Iterator[None]:
     """Within the block, inputs of ``min_rows`` rows or more (up to the packed count) take the packed path.
 
-    ``packed_from_rows(model, 1)`` sends one-token decoding through the row_gemm kernel too: on
-    CPUs where PyTorch's own float32 one-row linear is slow (measured on a 2-core AMD EPYC: the
-    lm_head 11.3 ms against 2.9 ms) plain decoding then runs about twice as fast, which is how
-    ``infer/benchmark.py``'s ``plain_kernel`` tells the kernel's share of a speed-up from the
-    speculation's. Only the row_gemm backend packs for a single row; the previous minimum comes
-    back on exit.
+    ``packed_from_rows(model, 1)`` sends one-token decoding through the packed path too: on CPUs
+    where PyTorch's own float32 one-row linear is slow (measured on a 2-core AMD EPYC: the lm_head
+    11.3 ms against 2.9 ms through row_gemm) plain decoding then runs faster, which is how
+    ``infer/benchmark.py``'s ``plain_kernel`` tells the packed path's share of a speed-up from the
+    speculation's. The previous minimum comes back on exit.
     """
     if min_rows < 1:
         raise ValueError(f"min_rows must be at least 1, got {min_rows}")
@@ -263,10 +244,6 @@ def packed_from_rows(model: nn.Module, min_rows: int) -> Iterator[None]:
     if not layers:
         raise UnsupportedModelError(
             "the model's linear layers are not pre-packed (medusa_lite.load(prepack=True) packs float32 models on CPU)"
-        )
-    if min_rows < BACKEND_MIN_ROWS[ROW_GEMM] and any(layer.backend != ROW_GEMM for layer in layers):
-        raise UnsupportedModelError(
-            f"only the row_gemm backend takes inputs of {min_rows} row(s); this model is packed for MKL"
         )
     before = [layer.min_rows for layer in layers]
     for layer in layers:
@@ -289,13 +266,10 @@ def prepacked_rows(model: nn.Module) -> int | None:
 
 
 def prepack_layout(model: nn.Module) -> dict | None:
-    """The packed path and the row counts it serves, for cost-cache keys (None when nothing is packed):
-    ``{"backend": "mkl", "buckets": [4, 8, 14]}``; row_gemm serves every count with one copy (no buckets)."""
+    """The packed path and the most rows it serves, for cost-cache keys (None when nothing is packed):
+    ``{"backend": "onednn", "rows": 14}``."""
     layer = next((module for module in model.modules() if isinstance(module, PrepackedLinear)), None)
-    if layer is None:
-        return None
-    buckets = list(mkl_row_buckets(layer.rows)) if layer.backend == MKL else None
-    return {"backend": layer.backend, "rows": layer.rows, "buckets": buckets}
+    return None if layer is None else {"backend": layer.backend, "rows": layer.rows}
 
 
 def prepack_backend(model: nn.Module) -> str | None:

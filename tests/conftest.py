@@ -9,7 +9,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 # A skipped test is a kernel test when its reason names a kernel or the CPU feature it needs.
-KERNEL_SKIP_REASON = re.compile(r"row_gemm|kernel|AVX|MKL|packed", re.IGNORECASE)
+KERNEL_SKIP_REASON = re.compile(r"row_gemm|kernel|AVX|oneDNN|packed", re.IGNORECASE)
 
 
 @pytest.fixture(autouse=True)

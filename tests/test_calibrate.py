@@ -16,10 +16,9 @@ from medusa_lite.commands import calibrate as calibrate_tree
 from medusa_lite.costs import step_costs
 from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST
 from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
-from medusa_lite.kernels import row_gemm_available
 from medusa_lite.loading import load, read_tree_file, verification_rows
 from medusa_lite.measure import plain_generate
-from medusa_lite.prepack import MKL, mkl_packing_available, prepacked_rows
+from medusa_lite.prepack import default_backend, prepacked_rows
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree, best_tree, expected_accepted_tokens
 
@@ -87,31 +86,8 @@ def test_measure_step_costs_on_tiny_model():
     assert all(0 < c.verify_ms <= c.step_ms for c in costs)
 
 
-@pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed linear ops")
-def test_mkl_prepacked_timing_packs_each_tree_as_load_would(monkeypatch):
-    """With MKL packing (a copy per row count), every timed block runs with the target packed for that tree (+ lookup
-    chain).
-    """
-    monkeypatch.setattr(calibrate_tree, "default_backend", lambda: MKL)
-    base = tiny_base_model()
-    model = MedusaModel(base, random_heads(base, NUM_HEADS))
-    trees = calibrate_tree.trees_for_sizes(TOPK_ACCURACY, [1, 4, 8])
-    packed_for: list[int | None] = []
-    original = calibrate_tree.timed_step
-
-    def recording(model, *args):
-        packed_for.append(prepacked_rows(model.base_model))
-        return original(model, *args)
-
-    monkeypatch.setattr(calibrate_tree, "timed_step", recording)
-    costs = calibrate_tree.measure_step_costs(model, trees, prefix_tokens=24, repeats=2, warmup=0, prepack=True)
-    assert [c.num_nodes for c in costs] == [1, 4, 8]
-    expected = [verification_rows(trees[i].num_nodes) for i in calibrate_tree.timing_order(len(trees))]
-    assert packed_for == expected
-
-
-@pytest.mark.skipif(not row_gemm_available(), reason="the row_gemm kernel is not available on this CPU")
-def test_row_gemm_timing_packs_once_and_interleaves_sizes(monkeypatch):
+@pytest.mark.skipif(default_backend() is None, reason="neither the row_gemm kernel nor oneDNN is available")
+def test_packed_timing_packs_once_and_interleaves_sizes(monkeypatch):
     """One packed copy for the largest tree (+ lookup chain); every round times each tree once, in a shuffled order."""
     base = tiny_base_model()
     model = MedusaModel(base, random_heads(base, NUM_HEADS))

@@ -15,7 +15,7 @@ import medusa_lite.costs as costs
 from medusa_lite import DynamicTree, MedusaModel, load
 from medusa_lite.kernels import KERNEL_ENV_VAR, kernel_path
 from medusa_lite.loading import verification_rows, write_tree_file
-from medusa_lite.prepack import MKL, mkl_packing_available, prepack_linears
+from medusa_lite.prepack import ONEDNN, onednn_available, prepack_linears
 from medusa_lite.tree import Tree
 
 OTHER_MACHINES_COSTS = [1.0] * 14  # "rows are free": an AVX-512 machine's file, say
@@ -71,17 +71,17 @@ def test_the_cache_is_per_threads_dtype_kernel_and_model(cache, monkeypatch):
     assert costs.cost_key(tiny_model())["kernel"] == "off"
 
 
-@pytest.mark.skipif(not mkl_packing_available(), reason="this PyTorch build has no MKL packed linear ops")
+@pytest.mark.skipif(not onednn_available(), reason="this PyTorch build has no oneDNN linear")
 def test_the_cache_is_per_packed_layout():
-    """Costs measured on MKL copies packed for other row buckets do not price this layout's rows."""
+    """Costs measured on another packed layout (backend, rows) do not price this one's rows."""
     model = tiny_model()
     unpacked = costs.cost_key(model)
-    prepack_linears(model.base_model, 8, MKL)
+    prepack_linears(model.base_model, 8, ONEDNN)
     eight = costs.cost_key(model)
-    prepack_linears(model.base_model, 14, MKL)
+    prepack_linears(model.base_model, 14, ONEDNN)
     fourteen = costs.cost_key(model)
-    assert unpacked["prepack"] is None and eight["prepack"] == {"backend": MKL, "rows": 8, "buckets": [4, 8]}
-    assert fourteen["prepack"]["buckets"] == [4, 8, 14]
+    assert unpacked["prepack"] is None and eight["prepack"] == {"backend": ONEDNN, "rows": 8}
+    assert fourteen["prepack"]["rows"] == 14
     assert len({costs.cost_cache_path(key) for key in (unpacked, eight, fourteen)}) == 3
 
 

@@ -4,7 +4,7 @@
 PyTorch. Here it must equal a plain matmul; where the kernel runs, the kernel's packed buffers
 must be bit-identical to the reference's and its products agree with it; and the packed paths
 of ``medusa_lite.prepack`` and ``DraftLMHead`` (row ranges, bias, reshapes, stale copies, exact
-greedy decoding) run with the reference standing in for the compiled kernel. Finally, on the MKL
+greedy decoding) run with the reference standing in for the compiled kernel. Finally, on the oneDNN
 fallback (kernel unavailable) the draft head stays unpacked.
 """
 
@@ -113,7 +113,7 @@ def test_prepacked_linear_row_gemm_path_on_the_reference(reference_kernel, bias)
             torch.testing.assert_close(
                 packed(inputs), F.linear(inputs, linear.weight, linear.bias), rtol=1e-5, atol=1e-5
             )
-    assert reference_kernel == list(range(prepack.ROW_GEMM_MIN_ROWS, PACKED_ROWS + 1)), (
+    assert reference_kernel == list(range(prepack.MIN_PACKED_ROWS, PACKED_ROWS + 1)), (
         "rows outside the packed range took the packed path"
     )
     with torch.inference_mode():
@@ -132,7 +132,7 @@ def test_greedy_on_a_reference_packed_model_matches_plain_greedy(reference_kerne
     model = MedusaModel(base, random_heads(base, num_heads=3))
     out = generate(model, prompt, 20, tree=[(0,), (1,), (0, 0), (0, 0, 0)])
     assert torch.equal(out.sequences, expected)
-    assert reference_kernel and min(reference_kernel) >= prepack.ROW_GEMM_MIN_ROWS, (
+    assert reference_kernel and min(reference_kernel) >= prepack.MIN_PACKED_ROWS, (
         "verification never took the packed path"
     )
     reference_kernel.clear()
@@ -152,8 +152,8 @@ def test_draft_lm_head_on_the_reference(reference_kernel):
     assert reference_kernel == [1, 4], "the draft head's packed path ran for the wrong row counts"
 
 
-def test_the_draft_head_stays_unpacked_on_the_mkl_fallback(tmp_path, monkeypatch):
-    """Kernel unavailable: the target is packed for MKL (where MKL has packed ops), the draft projection not at all."""
+def test_the_draft_head_stays_unpacked_on_the_onednn_fallback(tmp_path, monkeypatch):
+    """Kernel unavailable: the target goes through oneDNN (where PyTorch has it), the draft projection not at all."""
     monkeypatch.setattr(prepack, "row_gemm_available", lambda: False)
     monkeypatch.setattr(prepack, "row_gemm_unavailable_reason", lambda: "the CPU lacks AVX-512 (test)")
     model_dir = save_tiny_checkpoint(tmp_path)[0]
@@ -162,7 +162,7 @@ def test_the_draft_head_stays_unpacked_on_the_mkl_fallback(tmp_path, monkeypatch
     heads.save_pretrained(tmp_path / "draft_heads")
     model, _ = load(model_dir, heads=tmp_path / "draft_heads")
     assert model.draft_lm_head is not None, "the heads should have a draft vocabulary"
-    expected_backend = prepack.MKL if prepack.mkl_packing_available() else None
+    expected_backend = prepack.ONEDNN if prepack.onednn_available() else None
     assert prepack.prepack_backend(model.base_model) == expected_backend
     assert model.draft_lm_head.packed_weight is None and model.draft_lm_head.packed_rows == 0
     prompt = torch.tensor([[1, 2, 3, 4]])

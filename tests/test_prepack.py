@@ -1,5 +1,5 @@
-"""``medusa_lite.prepack``: packed linear weights for tree verification on CPU (the row_gemm kernel
-and MKL), and ``load(prepack=...)``. Every packed-path test runs once per backend this machine has."""
+"""``medusa_lite.prepack``: few-row products for tree verification on CPU (the row_gemm kernel
+and oneDNN), and ``load(prepack=...)``. Every packed-path test runs once per backend this machine has."""
 
 from __future__ import annotations
 
@@ -26,14 +26,12 @@ from medusa_lite.kernels import row_gemm_unavailable_reason
 from medusa_lite.loading import load
 from medusa_lite.measure import machine_info
 from medusa_lite.prepack import (
-    BACKEND_MIN_ROWS,
-    MIN_PREPACKED_ROWS,
-    MKL,
+    MIN_PACKED_ROWS,
+    ONEDNN,
     ROW_GEMM,
     PrepackedLinear,
     default_backend,
-    mkl_packing_available,
-    mkl_row_buckets,
+    onednn_available,
     packed_from_rows,
     prepack_backend,
     prepack_linears,
@@ -43,7 +41,7 @@ from medusa_lite.prepack import (
 )
 
 pytestmark = pytest.mark.skipif(
-    default_backend() is None, reason="neither the row_gemm kernel nor MKL's packed ops are available"
+    default_backend() is None, reason="neither the row_gemm kernel nor oneDNN is available"
 )
 
 IN_FEATURES, OUT_FEATURES = 24, 40
@@ -56,47 +54,37 @@ NUM_PROMPTS = 4
 MAX_NEW_TOKENS = 30
 
 
-# One torch thread (autouse): these checks are about values, and a busy CPU slows MKL's threaded
-# GEMMs many times over.
+# One torch thread (autouse): these checks are about values, and a busy CPU slows threaded GEMMs
+# many times over.
 single_thread = training_fixtures.single_thread
 
 
-@pytest.fixture(params=[ROW_GEMM, MKL])
+@pytest.fixture(params=[ROW_GEMM, ONEDNN])
 def backend(request) -> str:
     """Each packed path in turn, skipped where this machine lacks it."""
     if request.param == ROW_GEMM and row_gemm_unavailable_reason() is not None:
         pytest.skip(f"row_gemm kernel unavailable: {row_gemm_unavailable_reason()}")
-    if request.param == MKL and not mkl_packing_available():
-        pytest.skip("this PyTorch build has no MKL packed linear ops")
+    if request.param == ONEDNN and not onednn_available():
+        pytest.skip("this PyTorch build has no oneDNN linear")
     return request.param
+
+
+# The function each backend's packed path calls, first argument the rows it multiplies.
+BACKEND_FUNCTION = {ROW_GEMM: "row_gemm", ONEDNN: "onednn_linear"}
 
 
 @pytest.fixture
 def packed_calls(monkeypatch, backend) -> list[int]:
-    """The row count of every packed multiplication made during the test (MKL: the padded count)."""
+    """The row count of every packed multiplication made during the test."""
     calls: list[int] = []
-    if backend == MKL:
-        original = torch.ops.mkl._mkl_linear
+    original = getattr(medusa_lite.prepack, BACKEND_FUNCTION[backend])
 
-        def counted(inputs, packed_weight, weight, bias, batch_size):
-            calls.append(batch_size)
-            return original(inputs, packed_weight, weight, bias, batch_size)
+    def counted(inputs, *rest):
+        calls.append(inputs.shape[0])
+        return original(inputs, *rest)
 
-        monkeypatch.setattr(torch.ops.mkl, "_mkl_linear", counted)
-    else:
-        original = medusa_lite.prepack.row_gemm
-
-        def counted(inputs, packed, out_features):
-            calls.append(inputs.shape[0])
-            return original(inputs, packed, out_features)
-
-        monkeypatch.setattr(medusa_lite.prepack, "row_gemm", counted)
+    monkeypatch.setattr(medusa_lite.prepack, BACKEND_FUNCTION[backend], counted)
     return calls
-
-
-def multiplied_rows(backend: str, rows: int, packed_rows: int = PACKED_ROWS) -> int:
-    """How many rows the packed path multiplies for ``rows`` input rows (MKL: the smallest bucket holding them)."""
-    return next(bucket for bucket in mkl_row_buckets(packed_rows) if bucket >= rows) if backend == MKL else rows
 
 
 def linear_layer(bias: bool) -> nn.Linear:
@@ -143,7 +131,7 @@ def spy_on(monkeypatch, module_name: str, function: Callable) -> list[dict]:
 def test_prepacked_linear_matches_f_linear_for_every_row_count(bias, backend, packed_calls):
     linear = linear_layer(bias)
     packed = PrepackedLinear(linear, PACKED_ROWS, backend)
-    packed_range = range(BACKEND_MIN_ROWS[backend], PACKED_ROWS + 1)
+    packed_range = range(MIN_PACKED_ROWS, PACKED_ROWS + 1)
     assert packed.weight is linear.weight and packed.bias is linear.bias
     assert set(packed.state_dict()) == set(linear.state_dict())  # the packed copy is not saved
     generator = torch.Generator().manual_seed(1)
@@ -156,9 +144,7 @@ def test_prepacked_linear_matches_f_linear_for_every_row_count(bias, backend, pa
                 output = packed(inputs)
                 assert output.shape == expected.shape
                 if rows in packed_range:
-                    assert packed_calls[calls_before:] == [multiplied_rows(backend, rows)], (
-                        f"{rows} rows: packed path not taken"
-                    )
+                    assert packed_calls[calls_before:] == [rows], f"{rows} rows: packed path not taken"
                     torch.testing.assert_close(output, expected, **FLOAT32_TOLERANCE)
                 else:
                     assert len(packed_calls) == calls_before, f"{rows} rows: packed path taken"
@@ -188,22 +174,7 @@ def test_gradients_take_the_plain_path(backend, packed_calls):
         assert torch.equal(packed_grad, plain_grad)
     with torch.no_grad():
         packed(inputs)
-    assert packed_calls == [
-        multiplied_rows(backend, PACKED_ROWS - 1)
-    ]  # without grad the same input takes the packed path
-
-
-def test_mkl_row_buckets_double_from_the_minimum_up_to_the_packed_rows():
-    assert mkl_row_buckets(MIN_PREPACKED_ROWS - 1) == ()
-    assert mkl_row_buckets(MIN_PREPACKED_ROWS) == (MIN_PREPACKED_ROWS,)
-    assert mkl_row_buckets(14) == (4, 8, 14)
-    assert mkl_row_buckets(16) == (4, 8, 16)
-    assert mkl_row_buckets(17) == (4, 8, 16, 17)
-    # every row count in the packed range has a bucket, and none pads by more than doubling
-    for rows in range(MIN_PREPACKED_ROWS, 40):
-        for needed in range(MIN_PREPACKED_ROWS, rows + 1):
-            padded = multiplied_rows(MKL, needed, rows)
-            assert needed <= padded < 2 * needed, (rows, needed, padded)
+    assert packed_calls == [PACKED_ROWS - 1]  # without grad the same input takes the packed path
 
 
 # -- prepack_linears / unpack_linears ----------------------------------------------------------
@@ -236,7 +207,7 @@ def test_prepack_linears_swaps_layers_and_keeps_parameters(backend):
 def test_rows_below_the_minimum_unpack(backend):
     base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
     prepack_linears(base, PACKED_ROWS, backend)
-    assert prepack_linears(base, BACKEND_MIN_ROWS[backend] - 1, backend) == 0
+    assert prepack_linears(base, MIN_PACKED_ROWS - 1, backend) == 0
     assert prepacked_rows(base) is None and not layers_of_type(base, PrepackedLinear)
 
 
@@ -262,7 +233,7 @@ def test_bfloat16_model_is_refused_with_a_clear_error():
     with pytest.raises(UnsupportedModelError, match="bfloat16, not float32"):
         prepack_linears(base, PACKED_ROWS)
     assert issubclass(UnsupportedModelError, ValueError)
-    unpack_linears(base)  # unpacking never needs MKL
+    unpack_linears(base)  # unpacking needs no backend
     assert not layers_of_type(base, PrepackedLinear)
 
 
@@ -271,37 +242,28 @@ def require_row_gemm() -> None:
         pytest.skip(f"row_gemm kernel unavailable: {row_gemm_unavailable_reason()}")
 
 
-def test_packed_from_rows_sends_one_row_through_the_kernel_and_restores_the_minimum(monkeypatch):
-    require_row_gemm()
-    calls = []
-    original = medusa_lite.prepack.row_gemm
-    monkeypatch.setattr(
-        medusa_lite.prepack,
-        "row_gemm",
-        lambda inputs, packed, out: calls.append(inputs.shape[0]) or original(inputs, packed, out),
-    )
+def test_packed_from_rows_sends_one_row_through_the_packed_path_and_restores_the_minimum(backend, packed_calls):
     linear = linear_layer(bias=True)
-    packed = PrepackedLinear(linear, PACKED_ROWS, ROW_GEMM)
+    packed = PrepackedLinear(linear, PACKED_ROWS, backend)
     one_row = torch.randn(1, IN_FEATURES, generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
-        assert torch.equal(packed(one_row), F.linear(one_row, linear.weight, linear.bias)) and calls == []
+        assert torch.equal(packed(one_row), F.linear(one_row, linear.weight, linear.bias)) and packed_calls == []
         with packed_from_rows(packed, 1):
             torch.testing.assert_close(
                 packed(one_row), F.linear(one_row, linear.weight, linear.bias), **FLOAT32_TOLERANCE
             )
-        assert calls == [1]
+        assert packed_calls == [1]
         packed(one_row)
-    assert calls == [1] and packed.min_rows == BACKEND_MIN_ROWS[ROW_GEMM], "the minimum was not restored"
+    assert packed_calls == [1] and packed.min_rows == MIN_PACKED_ROWS, "the minimum was not restored"
 
 
-def test_packed_from_rows_restores_the_minimum_after_an_error():
-    require_row_gemm()
+def test_packed_from_rows_restores_the_minimum_after_an_error(backend):
     base = tiny_base_model("llama", vocab_size=VOCAB_SIZE)
-    prepack_linears(base, PACKED_ROWS, ROW_GEMM)
+    prepack_linears(base, PACKED_ROWS, backend)
     with pytest.raises(RuntimeError, match="inside"):
         with packed_from_rows(base, 1):
             raise RuntimeError("inside")
-    assert {layer.min_rows for layer in layers_of_type(base, PrepackedLinear)} == {BACKEND_MIN_ROWS[ROW_GEMM]}
+    assert {layer.min_rows for layer in layers_of_type(base, PrepackedLinear)} == {MIN_PACKED_ROWS}
 
 
 def test_packed_from_rows_refuses_what_it_cannot_do():
@@ -312,19 +274,13 @@ def test_packed_from_rows_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="at least 1"):
         with packed_from_rows(base, 0):
             pass
-    if mkl_packing_available():
-        prepack_linears(base, PACKED_ROWS, MKL)
-        with pytest.raises(UnsupportedModelError, match="packed for MKL"):
-            with packed_from_rows(base, 1):
-                pass
 
 
-def test_greedy_through_the_one_row_kernel_matches_plain_greedy():
-    require_row_gemm()
+def test_greedy_through_the_one_row_packed_path_matches_plain_greedy(backend):
     base = tiny_base_model("llama", vocab_size=VOCAB_SIZE, seed=3)
     prompt = torch.randint(0, VOCAB_SIZE, (1, 7), generator=torch.Generator().manual_seed(4))
     expected = plain_greedy(base, prompt, MAX_NEW_TOKENS)
-    prepack_linears(base, PACKED_ROWS, ROW_GEMM)
+    prepack_linears(base, PACKED_ROWS, backend)
     with packed_from_rows(base, 1):
         assert torch.equal(plain_greedy(base, prompt, MAX_NEW_TOKENS), expected)
 
@@ -393,7 +349,7 @@ def test_greedy_on_a_prepacked_model_matches_plain_greedy(family, backend, packe
             f"{family}: diverged from plain greedy"
         )
     assert packed_calls, "verification never took the packed path"
-    assert max(packed_calls) <= rows and (backend == ROW_GEMM or set(packed_calls) <= set(mkl_row_buckets(rows)))
+    assert max(packed_calls) <= rows
 
 
 # -- load and the commands ---------------------------------------------------------------------
@@ -405,7 +361,7 @@ def checkpoint(tmp_path_factory) -> tuple[Path, Path]:
 def test_load_prepacks_float32_on_cpu_by_default(checkpoint):
     model, _ = load(checkpoint[0], heads=checkpoint[1])
     expected_rows = model.tree.num_nodes + DEFAULT_LOOKUP_TOKENS
-    assert expected_rows >= MIN_PREPACKED_ROWS
+    assert expected_rows >= MIN_PACKED_ROWS
     assert prepacked_rows(model.base_model) == expected_rows and prepack_backend(model.base_model) == default_backend()
     assert not layers_of_type(model.base_model, nn.Linear), "a linear layer of the target was left unpacked"
     assert not layers_of_type(model.heads, PrepackedLinear), "the heads were packed"
@@ -472,8 +428,8 @@ def test_benchmark_records_prepacking(checkpoint, tmp_path, flags):
 
 
 def test_benchmark_plain_kernel_method(checkpoint, tmp_path):
-    """``plain_kernel``: plain generate with one-row steps through the kernel, and the speculation's own speed-up."""
-    require_row_gemm()
+    """``plain_kernel``: plain generate with one-row steps through the packed path, and the speculation's own
+    speed-up."""
     from medusa_lite.commands import benchmark
 
     questions_file = tmp_path / "questions.jsonl"

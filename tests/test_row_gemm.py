@@ -73,17 +73,17 @@ def test_a_missing_compiler_is_reported_by_name(tmp_path, monkeypatch):
         kernels.build_library(tmp_path / "lib.so")
 
 
-def test_without_the_kernel_prepacking_falls_back_to_mkl(monkeypatch):
+def test_without_the_kernel_prepacking_falls_back_to_onednn(monkeypatch):
     monkeypatch.setattr(prepack, "row_gemm_available", lambda: False)
     monkeypatch.setattr(prepack, "row_gemm_unavailable_reason", lambda: "the CPU lacks AVX-512 (test)")
     base = tiny_base_model("llama", vocab_size=64)
-    if prepack.mkl_packing_available():
-        assert prepack.default_backend() == prepack.MKL
+    if prepack.onednn_available():
+        assert prepack.default_backend() == prepack.ONEDNN
         prepack.prepack_linears(base, 6)
-        assert prepack.prepack_backend(base) == prepack.MKL
+        assert prepack.prepack_backend(base) == prepack.ONEDNN
         with pytest.raises(UnsupportedModelError, match="AVX-512"):
             prepack.prepack_linears(base, 6, prepack.ROW_GEMM)
-    monkeypatch.setattr(prepack, "mkl_packing_available", lambda: False)
+    monkeypatch.setattr(prepack, "onednn_available", lambda: False)
     assert prepack.default_backend() is None and not prepack.prepack_supported(base)
     with pytest.raises(UnsupportedModelError, match="row_gemm kernel is unavailable \\(the CPU lacks AVX-512"):
         prepack.prepack_linears(base, 6)

@@ -13,12 +13,13 @@ interleaved per question, in an order rotated per question so none always runs f
 thermal state); one warm-up run of each comes first.
 
 - ``plain``: ``model.generate(do_sample=False)``.
-- ``plain_kernel`` (always, where the row_gemm kernel runs): the same ``model.generate`` with its
-  one-token steps through medusa-lite's row_gemm kernel (``medusa_lite.prepack.packed_from_rows``). Where PyTorch's own
-  float32 one-row linear is slow (a 2-core AMD EPYC: plain decoding about twice as slow as
-  through the kernel) part of medusa-lite's speed-up over ``plain`` is the kernel's, not the
-  speculation's: ``speedup_vs_plain_kernel`` in the summary (and a line in ``results.md``) is the
-  speculation's share alone.
+- ``plain_kernel`` (always, where the weights are packed): the same ``model.generate`` with its
+  one-token steps through the packed path, the row_gemm kernel or oneDNN
+  (``medusa_lite.prepack.packed_from_rows``). Where PyTorch's own float32 one-row linear is slow
+  (a 2-core AMD EPYC: plain decoding about twice as slow as through the kernel) part of
+  medusa-lite's speed-up over ``plain`` is the packed path's, not the speculation's:
+  ``speedup_vs_plain_kernel`` in the summary (and a line in ``results.md``) is the speculation's
+  share alone.
 - ``pld``: transformers' prompt-lookup decoding, ``prompt_lookup_num_tokens=10``.
 - ``medusa``: :func:`medusa_lite.generate` with the model's tree (see ``medusa_lite.load``) and
   prompt-lookup guesses grafted onto it (``--lookup-tokens``, the library's default), or the
@@ -27,19 +28,19 @@ thermal state); one warm-up run of each comes first.
   ``tree.json`` beside the heads) instead of the per-step dynamic tree.
 - ``no_datastore``: the same without the datastore; ``heads``: the heads' tree only (no
   lookups), to show what each source of guesses contributes. ``--methods`` picks a subset
-  (``plain`` always runs: it is the reference; so does ``plain_kernel`` where the kernel runs).
+  (``plain`` always runs: it is the reference; so does ``plain_kernel`` where the weights are packed).
 - ``lookahead`` (on request): lookahead decoding alone, :class:`medusa_lite.LookaheadProposer` with
   its defaults (no heads, no lookups).
 
 Which kernel runs is ``machine.kernel`` in ``results.json`` (``medusa_lite.kernels.kernel_path``);
-``--kernel off|avx2|avx512|auto`` sets ``MEDUSA_LITE_KERNEL`` for the run (off: PyTorch's own
-kernels, as a CPU without AVX2 gets them; avx2: what an AVX2-only CPU runs).
+``--kernel off|avx2|avx512|auto`` sets ``MEDUSA_LITE_KERNEL`` for the run (off: oneDNN, as a CPU
+without AVX2 or a C compiler gets it; avx2: what an AVX2-only CPU runs).
 
 All methods share one model, whose linear weights ``medusa_lite.load`` pre-packs on CPU in fp32
 for the tree's verification size (``--no-prepack``: not); a PLD step of at most that many tokens
 uses the packed weights too. ``results.json`` records it as ``machine.prepacked_rows`` and
-``machine.prepack_backend`` (``row_gemm``: medusa_lite's kernel, its variant in ``machine.kernel``; ``mkl``: MKL's
-packed GEMM).
+``machine.prepack_backend`` (``row_gemm``: medusa_lite's kernel, its variant in ``machine.kernel``; ``onednn``: the
+oneDNN library PyTorch ships).
 
 Reported per category and overall: mean accepted tokens per target call (new tokens / target calls, the
 prefill and the bonus token counted: plain = 1.00; target calls are counted with a forward
@@ -85,7 +86,7 @@ from medusa_lite.loading import (
 from medusa_lite.lookahead import LookaheadProposer
 from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, timed
 from medusa_lite.model import MedusaModel
-from medusa_lite.prepack import ROW_GEMM, packed_from_rows, prepack_backend
+from medusa_lite.prepack import packed_from_rows, prepack_backend
 from medusa_lite.proposers import Proposer, default_lookups, step_rows
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree
@@ -112,7 +113,7 @@ METHODS = (
 )
 LABELS = {
     "plain": "plain generate",
-    "plain_kernel": "plain generate, row_gemm kernel",
+    "plain_kernel": "plain generate, packed path",
     "pld": "prompt lookup (PLD)",
     "medusa": "medusa-lite",
     "static_tree": "medusa-lite, static tree",
@@ -606,7 +607,7 @@ def run_benchmark(
 
     ``static_tree``: the tree of the ``static_tree`` method (required for it).
     """
-    kernel_runs = prepack_backend(model.base_model) == ROW_GEMM
+    kernel_runs = prepack_backend(model.base_model) is not None
     methods = [
         method
         for method in METHODS
@@ -614,8 +615,7 @@ def run_benchmark(
     ]
     if "plain_kernel" in methods and not kernel_runs:
         raise MedusaError(
-            "the 'plain_kernel' method needs the model pre-packed for the row_gemm kernel (float32 on an "
-            "AVX2 or AVX-512 CPU, without --no-prepack, MEDUSA_LITE_KERNEL not off)"
+            "the 'plain_kernel' method needs the model's weights packed (float32 on CPU, without --no-prepack)"
         )
     if "static_tree" in methods and static_tree is None:
         raise MedusaError(

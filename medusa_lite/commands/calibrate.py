@@ -60,7 +60,7 @@ from medusa_lite.loading import (
 )
 from medusa_lite.measure import chat_input_ids, machine_info, plain_generate
 from medusa_lite.model import MedusaModel
-from medusa_lite.prepack import MKL, default_backend, prepack_linears, prepack_supported
+from medusa_lite.prepack import default_backend, prepack_linears, prepack_supported
 from medusa_lite.sampling import SamplingSettings, pick_tokens
 from medusa_lite.tree import REFERENCE_TOPK_ACCURACY, Tree, best_tree, expected_accepted_tokens
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
@@ -107,12 +107,6 @@ def timed_step(
     return verify_end - verify_start, end - start
 
 
-def timing_order(num_trees: int) -> list[int]:
-    """Tree indices in the order they are timed: forward, then backward (cancels slow drift)."""
-    forward = list(range(num_trees))
-    return forward + forward[::-1]
-
-
 @torch.inference_mode()
 def measure_step_costs(
     model: MedusaModel,
@@ -126,12 +120,9 @@ def measure_step_costs(
 ) -> list[StepCost]:
     """Median verify and step time of each tree over a cached random prefix.
 
-    Unpacked, or packed with ``row_gemm`` (one packed copy serves every row count, as ``load``
-    packs it once for the largest tree + default lookup chain): ``warmup`` untimed rounds, then
-    ``repeats`` rounds timing every tree once, in a fresh random order each round, so slow drift
-    of the machine hits all sizes alike. Packed with MKL (a copy per row count): each tree in two
-    blocks (sizes forward, then backward), packed for that tree (+ lookup chain) before each
-    block, ``warmup`` untimed steps and about ``repeats / 2`` timed ones per block.
+    Unpacked, or packed (as ``load`` packs it, once for the largest tree + default lookup chain):
+    ``warmup`` untimed rounds, then ``repeats`` rounds timing every tree once, in a fresh random
+    order each round, so slow drift of the machine hits all sizes alike.
     """
     prefix = random_prefix(model.config.vocab_size, prefix_tokens).to(model.device)
     cache = reserved_cache(model, prefix_tokens + max(tree.num_nodes for tree in trees))  # as generate reserves it
@@ -139,16 +130,10 @@ def measure_step_costs(
     root = prefill.logits[0, -1:].argmax(dim=-1)
     hidden = prefill.hidden[0, -1]
     samples: list[list[tuple[float, float]]] = [[] for _ in trees]
-    backend = default_backend() if prepack else None
-    if backend == MKL:
-        schedule = mkl_block_schedule(len(trees), repeats, warmup)
-    else:
-        if prepack:
-            prepack_linears(model.base_model, verification_rows(max(tree.num_nodes for tree in trees)), backend)
-        schedule = shuffled_schedule(len(trees), repeats, warmup, random.Random(seed))
-    for index, pack, timed in tqdm(schedule, desc="timing steps", leave=False):
-        if pack:
-            prepack_linears(model.base_model, verification_rows(trees[index].num_nodes), backend)
+    if prepack:
+        prepack_linears(model.base_model, verification_rows(max(tree.num_nodes for tree in trees)))
+    schedule = shuffled_schedule(len(trees), repeats, warmup, random.Random(seed))
+    for index, timed in tqdm(schedule, desc="timing steps", leave=False):
         timing = timed_step(model, cache, hidden, root, trees[index])
         if timed:
             samples[index].append(timing)
@@ -160,29 +145,13 @@ def measure_step_costs(
     ]
 
 
-def shuffled_schedule(
-    num_trees: int, repeats: int, warmup: int, shuffler: random.Random
-) -> list[tuple[int, bool, bool]]:
-    """(tree index, pack first, timed) steps: rounds of every tree once in a fresh order, the first ``warmup``
-    untimed.
-    """
+def shuffled_schedule(num_trees: int, repeats: int, warmup: int, shuffler: random.Random) -> list[tuple[int, bool]]:
+    """(tree index, timed) steps: rounds of every tree once in a fresh order, the first ``warmup`` untimed."""
     return [
-        (index, False, round_ >= warmup)
+        (index, round_ >= warmup)
         for round_ in range(warmup + repeats)
         for index in shuffler.sample(range(num_trees), num_trees)
     ]
-
-
-def mkl_block_schedule(num_trees: int, repeats: int, warmup: int) -> list[tuple[int, bool, bool]]:
-    """(tree index, pack first, timed) steps: per tree two blocks (:func:`timing_order`), each packed, then warmed
-    up.
-    """
-    per_block = -(-repeats // 2)
-    schedule = []
-    for block, index in enumerate(timing_order(num_trees)):
-        timed = per_block if block < num_trees else repeats - per_block
-        schedule += [(index, step == 0, step >= warmup) for step in range(warmup + timed)]
-    return schedule
 
 
 # -- (b) per-head top-k accuracy ---------------------------------------------------------------
@@ -420,7 +389,7 @@ def calibrate(args: argparse.Namespace) -> Path | None:
     print(
         f"{dtype_name(model.base_model.dtype)}, {torch.get_num_threads()} threads, "
         f"{args.prefix_tokens}-token cached prefix, "
-        f"{'pre-packed linears (' + str(default_backend()) + ') per tree size' if prepack else 'unpacked linears'}, "
+        f"{'pre-packed linears (' + str(default_backend()) + ')' if prepack else 'unpacked linears'}, "
         f"accuracies: {accuracy_source}"
     )
     print(format_table(rows, chosen))

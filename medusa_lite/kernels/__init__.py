@@ -1,7 +1,7 @@
 """Hand-written CPU kernels, built on first use with the system C compiler and loaded with ctypes.
 
 Only what no library does well enough is here: :mod:`row_gemm.c`, a float32 product of a
-few rows (a tree's nodes) by a weight matrix that costs about what one row costs (MKL's GEMM,
+few rows (a tree's nodes) by a weight matrix that costs about what one row costs (PyTorch's GEMM,
 packed or not, costs 1.5-2x for 4-8 rows on a 2-core CPU; see ``medusa_lite.prepack``).
 
 Which kernel runs is decided once per process by :func:`kernel_path`, the one source of truth
