@@ -7,9 +7,9 @@ does not get there (measured below). Two paths, chosen by :func:`prepack_linears
 - ``"row_gemm"`` (used when available): :mod:`medusa_lite.kernels`' kernel (its AVX-512 or AVX2
   variant, as :func:`medusa_lite.kernels.kernel_path` decides), on one packed copy of each weight
   (column blocks).
-- ``"onednn"`` (the fallback: the kernel turned off, no C compiler, a CPU without AVX2): the oneDNN
-  library PyTorch ships (``torch.ops.mkldnn._linear_pointwise``), which reads the weight as it is:
-  no copy, any row count.
+- ``"onednn"`` (the fallback on x86-64: the kernel turned off, no C compiler, a CPU without AVX2):
+  the oneDNN library PyTorch ships (``torch.ops.mkldnn._linear_pointwise``), which reads the weight
+  as it is: no copy, any row count. Elsewhere (ARM, unmeasured) nothing is packed.
 
 Both serve inputs of ``MIN_PACKED_ROWS`` to ``rows`` rows. :func:`prepack_linears` swaps every
 ``nn.Linear`` of a target for a :class:`PrepackedLinear` sharing its parameters; every other input
@@ -21,15 +21,15 @@ tree plus the default prompt-lookup chain unless ``prepack=False``.
 Measured (SmolLM2-135M, float32, 2 threads; all 211 linear layers of one forward, kernels only):
 on a 2-core AVX-512 Xeon, 1 row 27-29 ms (PyTorch); 6 rows 51-57 ms PyTorch, 29 ms row_gemm; 8
 rows 61-64 / 30 ms; 16 rows 46 ms row_gemm. On a 2-core AVX-512 AMD EPYC, PyTorch / oneDNN /
-row_gemm: 1 row 16-18 / 13-14 / 10 ms; 4 rows 39-47 / 19-23 / 9 ms; 8 rows 37-52 / 20-28 / 10 ms;
-14 rows 50-62 / 24-33 / 14 ms (MKL's packed GEMM, the fallback before oneDNN, took 37-51 ms for
-4-14 rows there, and a copy of the weights per row bucket): ``docs/results.md`` (few-row products).
-Only float32 on CPU is supported.
+row_gemm avx512: 1 row 50 / 30 / 19 ms; 4 rows 62 / 37 / 17 ms; 14 rows 84 / 38 / 18 ms (MKL's
+packed GEMM, the fallback before oneDNN: 60 and 72 ms for 4 and 14 rows, and a copy of the
+weights per row bucket): ``docs/results.md`` (oneDNN). Only float32 on CPU is supported.
 """
 
 from __future__ import annotations
 
 import functools
+import platform
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -43,6 +43,8 @@ from medusa_lite.kernels import pack_for_row_gemm, row_gemm, row_gemm_available,
 
 ROW_GEMM, ONEDNN = "row_gemm", "onednn"
 BACKENDS = (ROW_GEMM, ONEDNN)
+# oneDNN's few-row products were measured on x86-64 CPUs only; elsewhere (ARM) PyTorch's usual path stays.
+ONEDNN_MACHINES = ("x86_64", "amd64")
 # One row takes PyTorch's usual path, as model.generate's steps do (packed_from_rows(model, 1) sends
 # it through the packed path instead); from two rows on both paths beat PyTorch's (measured above).
 MIN_PACKED_ROWS = 2
@@ -50,7 +52,10 @@ MIN_PACKED_ROWS = 2
 
 @functools.cache
 def onednn_available() -> bool:
-    """Whether this PyTorch build multiplies float32 rows by a dense weight through oneDNN (tried once, on 3 x 2)."""
+    """Whether this machine (x86-64) and PyTorch build multiply float32 rows by a dense weight through oneDNN
+    (tried once, on 3 x 2)."""
+    if platform.machine().lower() not in ONEDNN_MACHINES:
+        return False
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
     inputs, weight = torch.arange(6.0).reshape(3, 2), torch.eye(2)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tiny_models import plain_greedy, tiny_base_model
 
-from medusa_lite import DynamicTree, Tree, TreeError, generate, load
+from medusa_lite import DynamicTree, Tree, TreeError, generate, load, prepack
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.drafter_proposer import SequentialDrafterProposer
 
@@ -63,3 +63,17 @@ def test_without_a_policy_the_drafters_rows_and_drafting_are_priced_on_this_mach
     prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(4))
     out = generate(model, prompt, 24, eos_token_id=[])
     assert torch.equal(out.sequences, plain_greedy(base, prompt, 24, eos_token_id=None))
+
+
+@pytest.mark.skipif(not prepack.onednn_available(), reason="this PyTorch build has no oneDNN linear (x86-64)")
+def test_the_drafter_multiplies_through_the_targets_onednn_path_and_stays_exact(folders, monkeypatch):
+    """Without the row_gemm kernel the target's few-row products go through oneDNN, and the drafter's too."""
+    monkeypatch.setattr(prepack, "default_backend", lambda: prepack.ONEDNN)
+    target, drafter_folder, base = folders
+    model, _ = load(target, heads=drafter_folder, tree=POLICY, datastore=False)
+    (proposer,) = [p for p in model.proposers if isinstance(p, SequentialDrafterProposer)]
+    assert prepack.prepack_backend(model.base_model) == prepack.ONEDNN
+    assert prepack.prepack_backend(proposer.drafter) == prepack.ONEDNN
+    prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(6))
+    out = generate(model, prompt, 30, eos_token_id=[])
+    assert torch.equal(out.sequences, plain_greedy(base, prompt, 30, eos_token_id=None))

@@ -151,13 +151,17 @@ def test_prepacked_linear_matches_f_linear_for_every_row_count(bias, backend, pa
                     assert torch.equal(output, expected), f"{rows} rows: plain path not bit-identical"
 
 
-def test_prepacked_linear_handles_non_contiguous_inputs(backend):
+def test_prepacked_linear_handles_non_contiguous_and_batched_inputs(backend, packed_calls):
     linear = linear_layer(bias=True)
     packed = PrepackedLinear(linear, PACKED_ROWS, backend)
-    inputs = torch.randn(IN_FEATURES, PACKED_ROWS).t()  # exactly the packed row count: no padding copy
-    assert not inputs.is_contiguous()
+    transposed = torch.randn(IN_FEATURES, PACKED_ROWS).t()
+    batched = torch.randn(2, PACKED_ROWS // 2, IN_FEATURES)  # [batch, tokens, features]: the rows of both
+    assert not transposed.is_contiguous()
     with torch.inference_mode():
-        torch.testing.assert_close(packed(inputs), F.linear(inputs, linear.weight, linear.bias), **FLOAT32_TOLERANCE)
+        for inputs in (transposed, batched):
+            expected = F.linear(inputs, linear.weight, linear.bias)
+            torch.testing.assert_close(packed(inputs), expected, **FLOAT32_TOLERANCE)
+    assert packed_calls == [PACKED_ROWS, PACKED_ROWS], "the packed path was not taken"
 
 
 def test_gradients_take_the_plain_path(backend, packed_calls):

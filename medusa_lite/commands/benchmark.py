@@ -450,7 +450,7 @@ def per_step_line(summary: dict[str, dict[str, dict]]) -> str:
 
 
 def kernel_line(summary: dict[str, dict[str, dict]]) -> str:
-    """Overall speed-ups over plain decoding through the row_gemm kernel (empty without ``plain_kernel``)."""
+    """Overall speed-ups over plain decoding through the packed path (empty without ``plain_kernel``)."""
     overall = summary[OVERALL]
     if "plain_kernel" not in overall:
         return ""
@@ -460,7 +460,8 @@ def kernel_line(summary: dict[str, dict[str, dict]]) -> str:
         if m not in ("plain", "plain_kernel")
     )
     return (
-        f"Overall speed-up over plain generate with its one-token steps through the row_gemm kernel "
+        f"Overall speed-up over plain generate with its one-token steps through the packed path "
+        f"(machine.prepack_backend in results.json) "
         f"({overall['plain_kernel']['speedup']:.2f}x plain's speed by itself): {values}."
     )
 

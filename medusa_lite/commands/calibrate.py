@@ -336,7 +336,7 @@ def load_model(args: argparse.Namespace):
         return MedusaModel.with_new_heads(base, COSTS_ONLY_NUM_HEADS).eval(), tokenizer, None
     model, tokenizer = load(
         args.model, heads=source, dtype=dtype, tree=[], prepack=False
-    )  # packed per size while timing
+    )  # packed once, for the largest tree, while timing
     return model, tokenizer, source
 
 

@@ -11,7 +11,8 @@ chooses:
 - ``auto`` (the default): the widest variant of ``row_gemm.c`` this CPU runs: ``avx512``
   (AVX-512F + FMA), else ``avx2`` (AVX2 + FMA), else none (PyTorch's own kernels: ARM, older x86);
 - ``avx512`` or ``avx2``: that variant (none, with the reason, when this CPU lacks it);
-- ``off``: none, PyTorch's own kernels (what a CPU without the instructions gets).
+- ``off``: none (what a CPU without the instructions gets): few-row products then go through
+  oneDNN where PyTorch has it (``medusa_lite.prepack``), else PyTorch's usual path.
 
 The CPU's features are PyTorch's (``torch.backends.cpu.get_cpu_capability()``). Each variant is
 compiled once per source version into ``<medusa-lite cache>/kernels/`` (``cc``, or ``$CC``, with
