@@ -73,7 +73,7 @@ def measure(weights: list[torch.Tensor], repeats: int) -> dict[int, dict[str, fl
     for rows in ROW_COUNTS:
         inputs = [torch.randn(rows, weight.shape[1]) for weight in weights]
         by_path = paths(weights, rows)
-        for name, path in by_path.items():  # every path agrees with the usual one before it is timed
+        for path in by_path.values():  # every path agrees with the usual one before it is timed
             torch.testing.assert_close(path(inputs[0], 0), F.linear(inputs[0], weights[0]), rtol=1e-4, atol=1e-4)
         samples: dict[str, list[float]] = {name: [] for name in by_path}
         for round_ in range(WARMUP_ROUNDS + repeats):
