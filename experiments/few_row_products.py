@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -27,7 +26,7 @@ from transformers import AutoModelForCausalLM
 
 from medusa_lite import kernels
 from medusa_lite.default_model import ensure_default_model
-from medusa_lite.measure import machine_info
+from medusa_lite.measure import machine_info, timed
 from medusa_lite.prepack import onednn_available, onednn_linear
 
 ROW_COUNTS = (1, 2, 4, 8, 14, 20)
@@ -61,10 +60,7 @@ def paths(weights: list[torch.Tensor], rows: int) -> dict[str, Callable[[torch.T
 
 
 def one_forward_ms(path, inputs: list[torch.Tensor]) -> float:
-    start = time.perf_counter()
-    for index, rows_in in enumerate(inputs):
-        path(rows_in, index)
-    return 1000 * (time.perf_counter() - start)
+    return 1000 * timed(lambda: [path(rows_in, index) for index, rows_in in enumerate(inputs)])[1]
 
 
 @torch.inference_mode()

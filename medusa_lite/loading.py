@@ -416,9 +416,8 @@ def drafter_proposer_for(
     backend = prepack_backend(model.base_model)
     if backend is not None:
         prepack_linears(drafter, spec.packed_rows(), backend)
-    if backend == ROW_GEMM:
-        if draft_lm_head is not None:
-            draft_lm_head.pack_for_few_rows(spec.packed_rows())
+    if backend == ROW_GEMM and draft_lm_head is not None:
+        draft_lm_head.pack_for_few_rows(spec.packed_rows())
     spec = replace(spec, draft_lm_head=draft_lm_head)
     return replace(spec, costs=priced_here(model, policy, drafter_proposal(spec, model)) if price_here else policy)
 

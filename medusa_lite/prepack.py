@@ -88,8 +88,8 @@ def prepack_unsupported_reason(model: nn.Module) -> str | None:
         return f"the model's weights are {dtype_name(parameter.dtype)}, not float32"
     if default_backend() is None:
         return (
-            f"the row_gemm kernel is unavailable ({row_gemm_unavailable_reason()}) and this PyTorch build has no "
-            "oneDNN linear"
+            f"the row_gemm kernel is unavailable ({row_gemm_unavailable_reason()}) and oneDNN's linear is not "
+            "available here (used on x86-64 PyTorch builds only)"
         )
     return None
 
@@ -225,7 +225,7 @@ def prepack_linears(model: nn.Module, rows: int, backend: str | None = None) -> 
         if backend == ROW_GEMM and not row_gemm_available():
             raise UnsupportedModelError(f"cannot pre-pack for the row_gemm kernel: {row_gemm_unavailable_reason()}")
         if backend == ONEDNN and not onednn_available():
-            raise UnsupportedModelError("cannot use oneDNN for few-row products: this PyTorch build lacks it")
+            raise UnsupportedModelError("cannot use oneDNN for few-row products: unavailable here (x86-64 only)")
     layers = linear_children(model)
     for parent, name, layer in layers:
         plain = unpacked(layer)
