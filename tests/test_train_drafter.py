@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM
 from medusa_lite.commands import train as train_heads
 from medusa_lite.drafter import DRAFTER_KIND, SequentialDrafter
 from medusa_lite.training import TrainingConfigError
+from medusa_lite.training.drafter_objective import feature_regression, teacher_features
 
 tiny_target, pattern_data, single_thread = (
     training_fixtures.tiny_target,
@@ -92,9 +93,51 @@ def test_resume_continues_a_drafter_run(tiny_target, pattern_data, tmp_path):
     ("overrides", "message"),
     [
         ({"drafter": "hydra"}, "drafter must be one of"),
-        ({"drafter": "sequential", "distill_weight": 0.5}, "distill_weight: 0"),
+        ({"feature_weight": 0.5}, "feature_weight regresses a sequential drafter"),
+        ({"drafter": "sequential", "feature_weight": -1.0}, "feature_weight must be >= 0"),
     ],
 )
 def test_bad_drafter_settings_are_refused(tiny_target, pattern_data, tmp_path, overrides, message):
     with pytest.raises(TrainingConfigError, match=message):
         train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "out", **overrides))
+
+
+def test_teacher_features_are_the_targets_hidden_states_d_places_ahead():
+    hidden = torch.arange(2 * 5, dtype=torch.float32).view(2, 5, 1).expand(2, 5, 3)  # value = 5 * batch + position
+    batch_index, position = torch.tensor([0, 1, 1]), torch.tensor([0, 2, 3])
+    teacher = teacher_features(hidden, batch_index, position, depth=2)
+    assert teacher.shape == (3, 2, 3)
+    expected = torch.tensor([[1.0, 2.0], [8.0, 9.0], [9.0, 9.0]])  # row (1, 3) at depth 2 is past the end: clamped
+    torch.testing.assert_close(teacher[..., 0], expected)
+
+
+def test_feature_regression_counts_only_depths_with_a_target():
+    rows = torch.zeros(4, 2, 3)
+    teacher = torch.zeros(4, 2, 3)
+    valid = torch.tensor([[True, True], [True, True], [True, False], [True, False]])
+    weights = torch.tensor([1.0, 0.5])
+    assert feature_regression(rows, teacher, valid, weights) == 0
+    teacher[2:, 1] = 100.0  # no target at depth 2 for these rows: they must not count
+    assert feature_regression(rows, teacher, valid, weights) == 0
+    teacher[0, 1] = 3.0  # smooth-L1 of 3 is 2.5; depth 2's mean over its 2 valid rows: 1.25, weighted 0.5
+    assert feature_regression(rows, teacher, valid, weights).item() == pytest.approx(0.625)
+
+
+def test_drafter_learns_from_the_targets_distribution_and_features_too(tiny_target, pattern_data, tmp_path):
+    torch.set_num_threads(1)
+    run = train_heads.main(
+        tiny_argv(
+            tiny_target,
+            pattern_data,
+            tmp_path / "out",
+            drafter="sequential",
+            learning_rate=3e-3,
+            distill_weight=1.0,
+            feature_weight=1.0,
+        )
+    )
+    summary = run.summary
+    assert summary["distill_weight"] == 1.0 and summary["feature_weight"] == 1.0
+    assert summary["chain_top1_accuracy"][2] > 0.5
+    kl = [sum(entry["train/head_kl"]) for entry in run.history if "train/head_kl" in entry]
+    assert len(kl) >= 2 and kl[-1] < 0.5 * kl[0], f"the distillation term is logged and falls: {kl}"

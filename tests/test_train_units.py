@@ -215,14 +215,16 @@ class _SingleProcess:
 
 
 @pytest.mark.parametrize(
-    "dtype, amx, expected",
+    "dtype, bf16_units, expected",
     [("auto", False, torch.float32), ("auto", True, torch.bfloat16), ("bfloat16", False, torch.bfloat16)],
 )
-def test_bf16_targets_compute_in_float32_on_cpus_without_amx_unless_asked(tmp_path, monkeypatch, dtype, amx, expected):
+def test_bf16_targets_compute_in_float32_on_cpus_without_bf16_matrix_units_unless_asked(
+    tmp_path, monkeypatch, dtype, bf16_units, expected
+):
     from medusa_lite.training import setup
     from medusa_lite.training.setup import load_frozen_target
 
-    monkeypatch.setattr(setup, "has_amx", lambda: amx)
+    monkeypatch.setattr(setup, "has_bf16_matrix_units", lambda: bf16_units)
     base = tiny_base_model("llama").to(torch.bfloat16)
     base.save_pretrained(tmp_path)
     make_tiny_tokenizer().save_pretrained(tmp_path)

@@ -64,7 +64,7 @@ class TrainConfig:
     data: list[str] = field(default_factory=list)
     data_format: str = "auto"  # auto | chat | text
     output_dir: str = "runs/heads"
-    dtype: str = "auto"  # the target's dtype; auto: as stored (bf16 for "default"), computed in float32 on CPU
+    dtype: str = "auto"  # the target's dtype; auto: as stored (bf16 for "default"), in float32 on CPUs without AMX/AVX512-BF16
     attn_implementation: str = "sdpa"
     # autocast of the trained module's forward (accelerate's mixed_precision): None = what
     # `accelerate launch --mixed_precision` / ACCELERATE_MIXED_PRECISION says (default "no")
@@ -76,6 +76,9 @@ class TrainConfig:
     use_base_lm_head: bool = True
     head_loss_weights: list[float] | None = None  # default: DEFAULT_HEAD_DECAY ** k for head k
     distill_weight: float = 0.0  # weight of KL(target's shifted distribution || head)
+    # sequential drafter only: weight of the regression of its output features on the target's
+    # (EAGLE-1's feature loss, training/drafter_objective.py)
+    feature_weight: float = 0.0
     # heads guess among the D most frequent response tokens of the training split only (None: all
     # V tokens): the projection costs D/V as much; decoding stays exact (see training/draft_vocab.py)
     draft_vocab_size: int | None = None
@@ -294,10 +297,6 @@ def validate(config: TrainConfig) -> None:
             "the backbone)",
         )
         require(
-            config.distill_weight == 0,
-            "config: drafter: sequential trains on the data's tokens; set distill_weight: 0",
-        )
-        require(
             config.use_base_lm_head,
             "config: drafter: sequential always reuses the target's lm_head; set use_base_lm_head: true",
         )
@@ -326,6 +325,12 @@ def validate(config: TrainConfig) -> None:
     require(0.0 <= config.eval_fraction < 1.0, f"config: eval_fraction must be in [0, 1), got {config.eval_fraction}")
     require(config.learning_rate > 0, f"config: learning_rate must be > 0, got {config.learning_rate}")
     require(config.distill_weight >= 0, f"config: distill_weight must be >= 0, got {config.distill_weight}")
+    require(config.feature_weight >= 0, f"config: feature_weight must be >= 0, got {config.feature_weight}")
+    require(
+        config.feature_weight == 0 or config.drafter == "sequential",
+        "config: feature_weight regresses a sequential drafter's output features; Medusa heads have none to "
+        "regress (set drafter: sequential, or feature_weight: 0)",
+    )
     require(config.max_cache_gb > 0, f"config: max_cache_gb must be > 0, got {config.max_cache_gb}")
     require(config.weight_decay >= 0, f"config: weight_decay must be >= 0, got {config.weight_decay}")
     require(

@@ -12,16 +12,26 @@ would be accepted whole.
 Alignment (as for Medusa heads, :mod:`medusa_lite.training.losses`): the target's hidden state at
 position t is paired with token x_{t+1}; depth d at t guesses x_{t+1+d}; its input token is
 x_{t+d} and its position t + d - 1.
+
+Besides the data's tokens, the target's own hidden state h_{t+d} (already in the batch: the cache
+keeps every position) teaches depth d at t two more things, each with its own weight:
+
+- ``distill_weight``: KL(target's distribution of x_{t+1+d} || drafter's), over the draft
+  vocabulary: every rank, not only the top-1 a token names (what a tree's siblings need);
+- ``feature_weight`` (EAGLE-1's feature regression): smooth-L1 between the drafter's normalised
+  output feature and h_{t+d}, the feature the target itself would hand the next depth: H numbers
+  per position instead of one token.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from medusa_lite.drafter import SequentialDrafter, causal_plus_own_attention
 from medusa_lite.training.losses import IGNORE, head_loss, head_targets, to_draft_targets
-from medusa_lite.training.objective import LossSettings
+from medusa_lite.training.objective import LossSettings, teacher_logits
 
 
 def shifted_tokens(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
@@ -30,6 +40,29 @@ def shifted_tokens(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
     if shift < input_ids.shape[1]:
         shifted[:, : input_ids.shape[1] - shift] = input_ids[:, shift:]
     return shifted
+
+
+def teacher_features(
+    hidden: torch.Tensor, batch_index: torch.Tensor, position: torch.Tensor, depth: int
+) -> torch.Tensor:
+    """The target's hidden state h_{t+d} [P, K, H] of each row (t = ``position``) at depths d = 1..``depth``.
+
+    Positions past the sequence's end are clamped to it: their depths have no target and count nowhere.
+    """
+    offsets = torch.arange(1, depth + 1, device=hidden.device)
+    ahead = (position[:, None] + offsets[None, :]).clamp(max=hidden.shape[1] - 1)
+    return hidden[batch_index[:, None], ahead]
+
+
+def feature_regression(rows: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor):
+    """Weighted mean over depths of the smooth-L1 between normalised output features and the target's, [P, K, H] each.
+
+    ``valid`` [P, K]: depths with a target; each depth's mean is over its own valid rows.
+    """
+    per_row = F.smooth_l1_loss(rows.float(), teacher.float(), reduction="none").mean(dim=-1)  # [P, K]
+    valid = valid.float()
+    per_depth = (per_row * valid).sum(dim=0) / valid.sum(dim=0).clamp(min=1)
+    return (weights.to(per_depth.device) * per_depth).sum()
 
 
 def unrolled_features(
@@ -94,14 +127,27 @@ class DrafterObjective(nn.Module):
         row_targets = targets[batch_index, position]
         if drafter.draft_token_ids is not None:
             row_targets = to_draft_targets(row_targets, drafter.draft_token_ids, drafter.config.vocab_size)
+        settings = self.settings
+        weights = torch.tensor(settings.weights)
+        teacher = None
+        if settings.distill_weight > 0 or settings.feature_weight > 0:
+            teacher = teacher_features(hidden, batch_index, position, self.depth)
         loss, stats = head_loss(
             rows,
             row_targets,
             lambda h: drafter.project(h, base_lm_head).float(),
-            weights=torch.tensor(self.settings.weights),
+            weights=weights,
+            teacher_hidden=teacher,
+            teacher_project=lambda h: teacher_logits(drafter, h, base_lm_head),
+            distill_weight=settings.distill_weight,
             topk=topk,
-            chunk_size=self.settings.chunk_size,
+            chunk_size=settings.chunk_size,
         )
+        if settings.feature_weight > 0:
+            normalised = drafter.output_norm(rows)
+            loss = loss + settings.feature_weight * feature_regression(
+                normalised, teacher, row_targets != IGNORE, weights
+            )
         chain = (
             chain_counts(drafter, rows, row_targets, base_lm_head, self.settings.chunk_size)
             if not torch.is_grad_enabled()

@@ -249,6 +249,8 @@ def train_metrics(stats: HeadStats, loss_sum: float, steps: int, extra_sum: floa
         "train/head_top1": [round(v, 4) for v in stats.top1()],
         "lr": lr,
     }
+    if bool((stats.kl_sum > 0).any()):  # distilling: the KL to the target's distribution, per head (depth)
+        metrics["train/head_kl"] = [round(v, 4) for v in (stats.kl_sum / stats.count.clamp(min=1)).tolist()]
     if extra_sum is not None:
         metrics["train/base_kl"] = extra_sum / max(steps, 1)
     return metrics
@@ -628,6 +630,7 @@ def make_summary(
         "learning_rate": config.learning_rate,
         "head_loss_weights": [round(w, 4) for w in config.loss_weights()],
         "distill_weight": config.distill_weight,
+        "feature_weight": config.feature_weight,
         "precompute_hidden": config.precompute_hidden,
         "medusa2_lora": None
         if config.lora is None

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.heads import MedusaHeads, draft_rows
 from medusa_lite.training.losses import chunked_kl, gather_rows, head_loss, response_positions, to_draft_targets
 
@@ -34,6 +35,7 @@ class LossSettings:
     weights: list[float]
     distill_weight: float = 0.0
     chunk_size: int = 1024
+    feature_weight: float = 0.0  # the sequential drafter's feature regression (training/drafter_objective.py)
 
 
 def project_with(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -51,7 +53,9 @@ def heads_logits(heads: MedusaHeads, head_hidden: torch.Tensor, base_lm_head: nn
     )
 
 
-def teacher_logits(heads: MedusaHeads, hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
+def teacher_logits(
+    heads: MedusaHeads | SequentialDrafter, hidden: torch.Tensor, base_lm_head: nn.Module
+) -> torch.Tensor:
     """The distillation teacher's logits (float32): the base model's, over the heads' guess vocabulary.
 
     With a draft vocabulary only its D logits are kept, so the softmax of the KL renormalises the

@@ -38,18 +38,25 @@ def load_frozen_target(config: TrainConfig, accelerator):
             except OSError as error:
                 raise TrainingConfigError(f"could not load the target model {config.model!r}: {error}") from error
     model.requires_grad_(False)
-    if config.dtype == AUTO and accelerator.device.type == "cpu" and model.dtype != torch.float32 and not has_amx():
-        # CPUs without AMX run batched float32 matmuls ~2-3x faster than bfloat16 ones; the upcast
-        # weights are exactly the stored (e.g. bf16) ones, so the features match inference closely.
-        # With AMX bfloat16 is the fast one (docs/training.md has both measurements).
+    if (
+        config.dtype == AUTO
+        and accelerator.device.type == "cpu"
+        and model.dtype != torch.float32
+        and not has_bf16_matrix_units()
+    ):
+        # CPUs without bfloat16 matrix instructions run batched float32 matmuls ~2-3x faster than
+        # bfloat16 ones; the upcast weights are exactly the stored (e.g. bf16) ones, so the features
+        # match inference closely. With AMX or AVX512-BF16 bfloat16 is the fast one (docs/training.md).
         model = model.float()
     return model.to(accelerator.device), tokenizer
 
 
-def has_amx() -> bool:
-    """Whether this CPU has AMX tiles (bfloat16 matrix units): then bfloat16 is the fast CPU dtype."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe()) if probe is not None else False
+def has_bf16_matrix_units() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices natively (AMX tiles or AVX512-BF16): then bfloat16 is its fast
+    dtype.
+    """
+    probes = (getattr(torch.cpu, name, None) for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"))
+    return any(bool(probe()) for probe in probes if probe is not None)
 
 
 @contextlib.contextmanager
@@ -141,7 +148,10 @@ def add_lora(config: TrainConfig, base_model):
 
 def build_objective(config: TrainConfig, base_model, heads: MedusaHeads | SequentialDrafter):
     settings = LossSettings(
-        weights=config.loss_weights(), distill_weight=config.distill_weight, chunk_size=config.loss_chunk_positions
+        weights=config.loss_weights(),
+        distill_weight=config.distill_weight,
+        chunk_size=config.loss_chunk_positions,
+        feature_weight=config.feature_weight,
     )
     if isinstance(heads, SequentialDrafter):
         return DrafterObjective(
