@@ -1,0 +1,179 @@
+"""Does the sequential drafter accept more when it reads several of the target's layers (EAGLE-3's low / mid / high
+features) instead of the final hidden state alone? Two drafters trained side by side on the same sequences, steps,
+seed and order, then their held-out accuracy per depth.
+
+    python experiments/drafter_multilayer.py --steps 200 --out benchmarks/drafter_signals/multilayer.json
+
+- ``final``: the package's drafter as it is (depth 1 reads the target's final, post-norm hidden state).
+- ``layers``: the same drafter, except that depth 1 reads the hidden states after layers ``--layers``
+  (default: EAGLE-3's 2, L/2 and L-3), each RMS-normalised, concatenated and reduced to H by one
+  more linear layer. Deeper depths read the drafter's own output, as before.
+
+Only training and held-out evaluation: decoding with such a drafter needs the verification
+forward to hand the proposer those layers, which the package does not do yet. The data is the
+first ``--steps`` x ``--batch-size`` sequences of the training split configs/smollm2_drafter.yaml
+gives (shuffled with the seed) and the first ``--eval`` of its held-out split; the target runs in
+bfloat16 (its stored dtype), the drafters' forwards under bf16 autocast, as the training recipe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+from statistics import mean
+
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from drafter_vs_heads_short import evaluate_drafter
+from medusa_lite.drafter import SequentialDrafter
+from medusa_lite.loading import load_target
+from medusa_lite.measure import machine_info
+from medusa_lite.training.data import collate, load_training_data
+from medusa_lite.training.drafter_objective import DrafterObjective
+from medusa_lite.training.objective import LossSettings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class LayersDrafter(SequentialDrafter):
+    """A drafter whose depth 1 reads several target layers ([..., n, k*H]), reduced to H; deeper depths as before."""
+
+    def __init__(self, config, num_layers: int):
+        super().__init__(config)
+        self.reduce = nn.Linear(num_layers * config.hidden_size, config.hidden_size, bias=False)
+
+    def fused_input(self, features: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
+        hidden = self.config.hidden_size
+        if features.shape[-1] != hidden:
+            layers = features.unflatten(-1, (-1, hidden))
+            features = self.reduce(F.rms_norm(layers, (hidden,)).flatten(-2))
+        return super().fused_input(features, token_embeds)
+
+
+def target_features(base, samples, layers: list[int], batch_size: int) -> tuple[list, list]:
+    """Per sequence: the final hidden state [T, H] and the chosen layers' [T, k*H] (bfloat16)."""
+    finals, chosen = [], []
+    for start in range(0, len(samples), batch_size):
+        part = samples[start : start + batch_size]
+        batch = collate(part)
+        with torch.no_grad():
+            out = base.get_decoder()(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True
+            )
+        picked = torch.cat([out.hidden_states[layer] for layer in layers], dim=-1)
+        for row, sample in enumerate(part):
+            length = int(sample.input_ids.numel())
+            finals.append(out.last_hidden_state[row, :length].to(torch.bfloat16))
+            chosen.append(picked[row, :length].to(torch.bfloat16))
+    return finals, chosen
+
+
+def padded(states: list[torch.Tensor], indices: list[int], length: int) -> torch.Tensor:
+    out = torch.zeros(len(indices), length, states[indices[0]].shape[-1])
+    for row, index in enumerate(indices):
+        out[row, : states[index].shape[0]] = states[index].float()
+    return out
+
+
+def train(drafter, samples, states, embed, lm_head, args) -> list[float]:
+    objective = DrafterObjective(drafter, lm_head, embed, LossSettings(weights=[0.8**d for d in range(1, 6)]))
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    warmup = max(1, args.steps // 10)
+
+    def schedule(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, args.steps - warmup)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+    losses = []
+    for step in range(args.steps):
+        indices = list(range(step * args.batch_size, (step + 1) * args.batch_size))
+        batch = collate([samples[i] for i in indices])
+        hidden = padded(states, indices, batch["input_ids"].shape[1])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _ = objective(hidden, batch["input_ids"], batch["loss_mask"])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        if (step + 1) % 25 == 0:
+            print(f"step {step + 1}/{args.steps} loss {mean(losses[-25:]):.3f}", flush=True)
+    return losses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--eval", type=int, default=40)
+    parser.add_argument("--layers", type=int, nargs="+", default=None, help="hidden_states indices (2 L/2 L-3)")
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--draft-ids-from", type=Path, required=True, help="a trained drafter folder: its draft vocab")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    started = time.perf_counter()
+    config = yaml.safe_load((REPO / "configs" / "smollm2_drafter.yaml").read_text())
+    base, tokenizer = load_target(None, torch.bfloat16, "cpu", attn_implementation="sdpa")
+    base.eval().requires_grad_(False)
+    num_layers = base.config.num_hidden_layers
+    layers = args.layers or [2, num_layers // 2, num_layers - 3]
+    data = load_training_data(
+        [REPO / p for p in config["data"]],
+        tokenizer,
+        max_length=config["max_length"],
+        eval_fraction=config["eval_fraction"],
+        seed=0,
+    )
+    order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    samples = [data.train[i] for i in order[: args.steps * args.batch_size]]
+    held_out = data.eval[: args.eval]
+    tick = time.perf_counter()
+    finals, chosen = target_features(base, samples, layers, 8)
+    eval_finals, eval_chosen = target_features(base, held_out, layers, 8)
+    feature_seconds = time.perf_counter() - tick
+    print(f"target features of {len(samples) + len(held_out)} sequences in {feature_seconds:.0f} s", flush=True)
+
+    shipped = SequentialDrafter.from_pretrained(args.draft_ids_from)
+    embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
+    variants = {"final": (SequentialDrafter, finals, eval_finals), "layers": (LayersDrafter, chosen, eval_chosen)}
+    results = {"layers": layers, "steps": args.steps, "batch_size": args.batch_size, "variants": {}}
+    for name, (kind, states, eval_states) in variants.items():
+        torch.manual_seed(args.seed)
+        drafter = (kind(shipped.config) if kind is SequentialDrafter else kind(shipped.config, len(layers))).float()
+        drafter.set_draft_vocab(shipped.draft_token_ids)
+        tick = time.perf_counter()
+        losses = train(drafter, samples, states, embed, lm_head, args)
+        seconds = time.perf_counter() - tick
+        drafter.eval()
+        with torch.no_grad():
+            held = evaluate_drafter(
+                drafter, held_out, [s.float() for s in eval_states], embed, lm_head, drafter.config.depth
+            )
+        results["variants"][name] = {
+            "held_out": held,
+            "first_25_loss": round(mean(losses[:25]), 3),
+            "last_25_loss": round(mean(losses[-25:]), 3),
+            "train_seconds": round(seconds, 1),
+        }
+        print(name, json.dumps(results["variants"][name]), flush=True)
+    results["feature_seconds"] = round(feature_seconds, 1)
+    results["machine"] = machine_info(torch.bfloat16)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
