@@ -95,8 +95,6 @@ def test_resume_continues_a_drafter_run(tiny_target, pattern_data, tmp_path):
         ({"drafter": "hydra"}, "drafter must be one of"),
         ({"feature_weight": 0.5}, "feature_weight regresses a sequential drafter"),
         ({"drafter": "sequential", "feature_weight": -1.0}, "feature_weight must be >= 0"),
-        ({"drafter_init": "last_layer"}, "drafter_init starts a sequential drafter"),
-        ({"drafter": "sequential", "drafter_init": "copy"}, "drafter_init must be one of"),
     ],
 )
 def test_bad_drafter_settings_are_refused(tiny_target, pattern_data, tmp_path, overrides, message):
@@ -143,34 +141,3 @@ def test_drafter_learns_from_the_targets_distribution_and_features_too(tiny_targ
     assert summary["chain_top1_accuracy"][2] > 0.5
     kl = [sum(entry["train/head_kl"]) for entry in run.history if "train/head_kl" in entry]
     assert len(kl) >= 2 and kl[-1] < 0.5 * kl[0], f"the distillation term is logged and falls: {kl}"
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_drafter_can_start_from_the_targets_last_layer(family):
-    from tiny_models import tiny_base_model
-
-    from medusa_lite.training.config import TrainConfig
-    from medusa_lite.training.setup import LAST_LAYER_NAMES, fresh_drafter
-
-    base = tiny_base_model(family)
-    drafter = fresh_drafter(TrainConfig(data="x", drafter="sequential", drafter_init="last_layer"), base, None)
-    theirs = dict(base.get_decoder().layers[-1].named_parameters())
-    ours = dict(drafter.named_parameters())
-    for name, their_name in LAST_LAYER_NAMES.items():
-        torch.testing.assert_close(ours[name], theirs[their_name], rtol=0, atol=0)
-    torch.testing.assert_close(drafter.output_norm.weight, base.get_decoder().norm.weight, rtol=0, atol=0)
-    fresh = fresh_drafter(TrainConfig(data="x", drafter="sequential"), base, None)
-    assert not torch.equal(fresh.q_proj.weight, theirs["self_attn.q_proj.weight"])
-
-
-def test_starting_from_the_last_layer_of_a_target_without_llama_layers_is_refused():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from medusa_lite.training.config import TrainConfig
-    from medusa_lite.training.setup import fresh_drafter
-
-    base = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4, vocab_size=64, n_positions=32))
-    base.config.intermediate_size = 128  # what DrafterConfig.for_model reads
-    base.config.num_attention_heads = 4
-    with pytest.raises(TrainingConfigError, match="drafter_init: last_layer"):
-        fresh_drafter(TrainConfig(data="x", drafter="sequential", drafter_init="last_layer"), base, None)

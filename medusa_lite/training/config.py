@@ -27,8 +27,6 @@ DATA_FORMATS = ("auto", "chat", "text")
 # What to train: Medusa heads (each head guesses one depth from the target's hidden state) or a
 # sequential drafter (medusa_lite.drafter: one decoder layer drafting depth d from its own depth d-1).
 DRAFTER_KINDS = ("medusa_heads", "sequential")
-# How a sequential drafter's layer starts: fresh random weights, or a copy of the target's last decoder layer
-DRAFTER_INITS = ("random", "last_layer")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 TRUE_WORDS = ("true", "yes", "on", "1")
@@ -66,9 +64,8 @@ class TrainConfig:
     data: list[str] = field(default_factory=list)
     data_format: str = "auto"  # auto | chat | text
     output_dir: str = "runs/heads"
-    dtype: str = (
-        "auto"  # the target's dtype; auto: as stored (bf16 for "default"), in float32 on CPUs without AMX/AVX512-BF16
-    )
+    # the target's dtype; auto: as stored (bf16 for "default"), in float32 on CPUs without AMX or AVX512-BF16
+    dtype: str = "auto"
     attn_implementation: str = "sdpa"
     # autocast of the trained module's forward (accelerate's mixed_precision): None = what
     # `accelerate launch --mixed_precision` / ACCELERATE_MIXED_PRECISION says (default "no")
@@ -83,7 +80,6 @@ class TrainConfig:
     # sequential drafter only: weight of the regression of its output features on the target's
     # (EAGLE-1's feature loss, training/drafter_objective.py)
     feature_weight: float = 0.0
-    drafter_init: str = "random"  # sequential drafter only: one of DRAFTER_INITS (training/setup.py)
     # heads guess among the D most frequent response tokens of the training split only (None: all
     # V tokens): the projection costs D/V as much; decoding stays exact (see training/draft_vocab.py)
     draft_vocab_size: int | None = None
@@ -330,14 +326,6 @@ def validate(config: TrainConfig) -> None:
     require(0.0 <= config.eval_fraction < 1.0, f"config: eval_fraction must be in [0, 1), got {config.eval_fraction}")
     require(config.learning_rate > 0, f"config: learning_rate must be > 0, got {config.learning_rate}")
     require(config.distill_weight >= 0, f"config: distill_weight must be >= 0, got {config.distill_weight}")
-    require(
-        config.drafter_init in DRAFTER_INITS,
-        f"config: drafter_init must be one of {DRAFTER_INITS}, got {config.drafter_init!r}",
-    )
-    require(
-        config.drafter_init == "random" or config.drafter == "sequential",
-        "config: drafter_init starts a sequential drafter's layer; set drafter: sequential (or drop drafter_init)",
-    )
     require(config.feature_weight >= 0, f"config: feature_weight must be >= 0, got {config.feature_weight}")
     require(
         config.feature_weight == 0 or config.drafter == "sequential",

@@ -631,7 +631,6 @@ def make_summary(
         "head_loss_weights": [round(w, 4) for w in config.loss_weights()],
         "distill_weight": config.distill_weight,
         "feature_weight": config.feature_weight,
-        "drafter_init": config.drafter_init,
         "precompute_hidden": config.precompute_hidden,
         "medusa2_lora": None
         if config.lora is None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 
 import torch
@@ -123,56 +122,7 @@ def fresh_drafter(config: TrainConfig, base_model, draft_token_ids: torch.Tensor
     drafter = SequentialDrafter(drafter_config)
     if draft_token_ids is not None:
         drafter.set_draft_vocab(draft_token_ids)
-    if config.drafter_init == "last_layer":
-        start_from_last_layer(drafter, base_model)
     return drafter.float()
-
-
-# The drafter's layer weights and where a Llama-style decoder layer keeps the same ones.
-LAST_LAYER_NAMES = {
-    "attention_norm.weight": "input_layernorm.weight",
-    "q_proj.weight": "self_attn.q_proj.weight",
-    "k_proj.weight": "self_attn.k_proj.weight",
-    "v_proj.weight": "self_attn.v_proj.weight",
-    "o_proj.weight": "self_attn.o_proj.weight",
-    "mlp_norm.weight": "post_attention_layernorm.weight",
-    "gate_proj.weight": "mlp.gate_proj.weight",
-    "up_proj.weight": "mlp.up_proj.weight",
-    "down_proj.weight": "mlp.down_proj.weight",
-}
-
-
-def start_from_last_layer(drafter: SequentialDrafter, base_model) -> None:
-    """Start the drafter's layer as a copy of the target's last decoder layer (and its output norm as the final norm).
-
-    The fused input starts as the mean of the normalised feature and token embedding (scaled to unit
-    RMS), so the copied layer first sees a mix of what it was trained on. Attention biases (Qwen2
-    has them) are not copied: the drafter's layer has none, and this is only where training starts.
-    Raises :class:`TrainingConfigError` for targets whose layers are not Llama-shaped.
-    """
-    decoder = base_model.get_decoder() if hasattr(base_model, "get_decoder") else None
-    layers, final_norm = getattr(decoder, "layers", None), getattr(decoder, "norm", None)
-    if not layers or final_norm is None:
-        raise TrainingConfigError(
-            f"drafter_init: last_layer needs a Llama-style decoder (.layers and .norm); "
-            f"{type(base_model).__name__} has none: use drafter_init: random"
-        )
-    source = dict(layers[-1].named_parameters())
-    ours = dict(drafter.named_parameters())
-    for name, theirs in LAST_LAYER_NAMES.items():
-        weight = source.get(theirs)
-        if weight is None or weight.shape != ours[name].shape:
-            raise TrainingConfigError(
-                f"drafter_init: last_layer: the target's last layer has no {theirs} of shape "
-                f"{tuple(ours[name].shape)} ({type(base_model).__name__}); use drafter_init: random"
-            )
-    hidden = drafter.config.hidden_size
-    with torch.no_grad():
-        for name, theirs in LAST_LAYER_NAMES.items():
-            ours[name].copy_(source[theirs].float())
-        drafter.output_norm.weight.copy_(final_norm.weight.float())
-        identity = torch.eye(hidden, device=drafter.fuse.weight.device) / math.sqrt(2)
-        drafter.fuse.weight.copy_(torch.cat([identity, identity], dim=1))
 
 
 def add_lora(config: TrainConfig, base_model):
