@@ -21,15 +21,12 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
+from common import DRAFTER_CONFIG, config_split
 from drafter_vs_heads_short import evaluate_drafter, hidden_states
 from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.loading import load_target
 from medusa_lite.measure import machine_info
-from medusa_lite.training.data import load_training_data
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def zeroed(states: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -56,17 +53,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    config = yaml.safe_load((REPO / "configs" / "smollm2_drafter.yaml").read_text())
     base, tokenizer = load_target(None, torch.float32, "cpu", attn_implementation="sdpa")
     base.eval().requires_grad_(False)
-    data = load_training_data(
-        [REPO / p for p in config["data"]],
-        tokenizer,
-        max_length=config["max_length"],
-        eval_fraction=config["eval_fraction"],
-        seed=0,
-    )
-    held_out = data.eval[: args.eval]
+    held_out = config_split(DRAFTER_CONFIG, tokenizer).eval[: args.eval]
     states = hidden_states(base, held_out, 4)
     drafter = SequentialDrafter.from_pretrained(args.drafter).float().eval()
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()

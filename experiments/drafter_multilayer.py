@@ -27,18 +27,16 @@ from statistics import mean
 
 import torch
 import torch.nn.functional as F
-import yaml
 from torch import nn
 
-from drafter_vs_heads_short import evaluate_drafter
+from common import DRAFTER_CONFIG, config_split
+from drafter_vs_heads_short import batch_of, evaluate_drafter
 from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.loading import load_target
 from medusa_lite.measure import machine_info
-from medusa_lite.training.data import collate, load_training_data
+from medusa_lite.training.data import collate
 from medusa_lite.training.drafter_objective import DrafterObjective
 from medusa_lite.training.objective import LossSettings
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 class LayersDrafter(SequentialDrafter):
@@ -74,13 +72,6 @@ def target_features(base, samples, layers: list[int], batch_size: int) -> tuple[
     return finals, chosen
 
 
-def padded(states: list[torch.Tensor], indices: list[int], length: int) -> torch.Tensor:
-    out = torch.zeros(len(indices), length, states[indices[0]].shape[-1])
-    for row, index in enumerate(indices):
-        out[row, : states[index].shape[0]] = states[index].float()
-    return out
-
-
 def train(drafter, samples, states, embed, lm_head, args) -> list[float]:
     objective = DrafterObjective(drafter, lm_head, embed, LossSettings(weights=[0.8**d for d in range(1, 6)]))
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.learning_rate, weight_decay=0.0)
@@ -94,9 +85,7 @@ def train(drafter, samples, states, embed, lm_head, args) -> list[float]:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     losses = []
     for step in range(args.steps):
-        indices = list(range(step * args.batch_size, (step + 1) * args.batch_size))
-        batch = collate([samples[i] for i in indices])
-        hidden = padded(states, indices, batch["input_ids"].shape[1])
+        hidden, batch = batch_of(samples, states, list(range(step * args.batch_size, (step + 1) * args.batch_size)))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, _ = objective(hidden, batch["input_ids"], batch["loss_mask"])
         loss.backward()
@@ -124,18 +113,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    config = yaml.safe_load((REPO / "configs" / "smollm2_drafter.yaml").read_text())
     base, tokenizer = load_target(None, torch.bfloat16, "cpu", attn_implementation="sdpa")
     base.eval().requires_grad_(False)
     num_layers = base.config.num_hidden_layers
     layers = args.layers or [2, num_layers // 2, num_layers - 3]
-    data = load_training_data(
-        [REPO / p for p in config["data"]],
-        tokenizer,
-        max_length=config["max_length"],
-        eval_fraction=config["eval_fraction"],
-        seed=0,
-    )
+    data = config_split(DRAFTER_CONFIG, tokenizer)
     order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(args.seed)).tolist()
     samples = [data.train[i] for i in order[: args.steps * args.batch_size]]
     held_out = data.eval[: args.eval]
@@ -147,20 +129,21 @@ def main() -> None:
 
     shipped = SequentialDrafter.from_pretrained(args.draft_ids_from)
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
-    variants = {"final": (SequentialDrafter, finals, eval_finals), "layers": (LayersDrafter, chosen, eval_chosen)}
+    variants = {
+        "final": (lambda: SequentialDrafter(shipped.config), finals, eval_finals),
+        "layers": (lambda: LayersDrafter(shipped.config, len(layers)), chosen, eval_chosen),
+    }
     results = {"layers": layers, "steps": args.steps, "batch_size": args.batch_size, "variants": {}}
-    for name, (kind, states, eval_states) in variants.items():
+    for name, (fresh, states, eval_states) in variants.items():
         torch.manual_seed(args.seed)
-        drafter = (kind(shipped.config) if kind is SequentialDrafter else kind(shipped.config, len(layers))).float()
+        drafter = fresh().float()
         drafter.set_draft_vocab(shipped.draft_token_ids)
         tick = time.perf_counter()
         losses = train(drafter, samples, states, embed, lm_head, args)
         seconds = time.perf_counter() - tick
         drafter.eval()
         with torch.no_grad():
-            held = evaluate_drafter(
-                drafter, held_out, [s.float() for s in eval_states], embed, lm_head, drafter.config.depth
-            )
+            held = evaluate_drafter(drafter, held_out, eval_states, embed, lm_head, drafter.config.depth)
         results["variants"][name] = {
             "held_out": held,
             "first_25_loss": round(mean(losses[:25]), 3),

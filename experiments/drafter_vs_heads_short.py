@@ -24,17 +24,15 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
+from common import HEADS_CONFIG, config_split
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.loading import DEFAULT_HEADS_DIR, load_target
-from medusa_lite.training.data import collate, load_training_data
+from medusa_lite.training.data import collate
 from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_features
 from medusa_lite.training.losses import IGNORE, head_targets, to_draft_targets
 from medusa_lite.training.objective import LossSettings, last_hidden
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def hidden_states(base, samples, batch_size: int) -> list[torch.Tensor]:
@@ -113,16 +111,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     started = time.perf_counter()
-    heads_config = yaml.safe_load((REPO / "configs" / "smollm2_heads.yaml").read_text())
     base, tokenizer = load_target(None, torch.float32, "cpu", attn_implementation="sdpa")
     base.eval().requires_grad_(False)
-    data = load_training_data(
-        [REPO / p for p in heads_config["data"]],
-        tokenizer,
-        max_length=heads_config["max_length"],
-        eval_fraction=heads_config["eval_fraction"],
-        seed=0,
-    )
+    data = config_split(HEADS_CONFIG, tokenizer)
     train, held_out = data.train[: args.train], data.eval[: args.eval]
     print(
         f"{len(data.train)} / {len(data.eval)} sequences in the heads' split; using {len(train)} / {len(held_out)}",

@@ -28,9 +28,8 @@ import statistics
 from pathlib import Path
 
 import torch
-import yaml
 
-from common import HEADS_CONFIG, OUTPUTS, REPO_ROOT, random_prefix, timed_step
+from common import HEADS_CONFIG, OUTPUTS, REPO_ROOT, config_split, random_prefix, timed_step
 from medusa_lite.cache import reserved_cache
 from medusa_lite.commands.options import set_threads
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
@@ -38,7 +37,6 @@ from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, accepted_path, generate,
 from medusa_lite.loading import DEFAULT_HEADS_DIR, load
 from medusa_lite.lookup import copy_after_match, draft_tree, graft_chain, latest_match
 from medusa_lite.prepack import prepack_linears
-from medusa_lite.training.data import load_training_data
 from medusa_lite.tree import Tree
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "lookup_policy"
@@ -81,15 +79,8 @@ POLICIES = [(tree, chain, 0) for tree, chain in itertools.product(TREES, CHAIN_L
 # -- collect -----------------------------------------------------------------------------------
 @torch.inference_mode()
 def collect(n: int, out: Path) -> None:
-    config = yaml.safe_load(CONFIG.read_text())
     model, tokenizer = load()
-    held_out = load_training_data(
-        [str(REPO_ROOT / path) for path in config["data"]],
-        tokenizer,
-        max_length=config["max_length"],
-        eval_fraction=config["eval_fraction"],
-        seed=config.get("seed", 0),
-    ).eval
+    held_out = config_split(CONFIG, tokenizer).eval
     records = []
     for index in random.Random(0).sample(range(len(held_out)), min(n, len(held_out))):
         sample = held_out[index]
