@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 from medusa_lite.commands import train as train_heads
 from medusa_lite.drafter import DRAFTER_KIND, SequentialDrafter
 from medusa_lite.training import TrainingConfigError
-from medusa_lite.training.drafter_objective import feature_regression, teacher_features
+from medusa_lite.training.drafter_objective import feature_regression
+from medusa_lite.training.losses import states_ahead
 
 tiny_target, pattern_data, single_thread = (
     training_fixtures.tiny_target,
@@ -105,7 +106,7 @@ def test_bad_drafter_settings_are_refused(tiny_target, pattern_data, tmp_path, o
 def test_teacher_features_are_the_targets_hidden_states_d_places_ahead():
     hidden = torch.arange(2 * 5, dtype=torch.float32).view(2, 5, 1).expand(2, 5, 3)  # value = 5 * batch + position
     batch_index, position = torch.tensor([0, 1, 1]), torch.tensor([0, 2, 3])
-    teacher = teacher_features(hidden, batch_index, position, depth=2)
+    teacher = states_ahead(hidden, batch_index, position, 2)
     assert teacher.shape == (3, 2, 3)
     expected = torch.tensor([[1.0, 2.0], [8.0, 9.0], [9.0, 9.0]])  # row (1, 3) at depth 2 is past the end: clamped
     torch.testing.assert_close(teacher[..., 0], expected)

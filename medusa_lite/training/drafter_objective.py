@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from medusa_lite.drafter import SequentialDrafter, causal_plus_own_attention
-from medusa_lite.training.losses import IGNORE, head_loss, head_targets, to_draft_targets
+from medusa_lite.training.losses import IGNORE, head_loss, head_targets, states_ahead, to_draft_targets
 from medusa_lite.training.objective import LossSettings, teacher_logits
 
 
@@ -40,18 +40,6 @@ def shifted_tokens(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
     if shift < input_ids.shape[1]:
         shifted[:, : input_ids.shape[1] - shift] = input_ids[:, shift:]
     return shifted
-
-
-def teacher_features(
-    hidden: torch.Tensor, batch_index: torch.Tensor, position: torch.Tensor, depth: int
-) -> torch.Tensor:
-    """The target's hidden state h_{t+d} [P, K, H] of each row (t = ``position``) at depths d = 1..``depth``.
-
-    Positions past the sequence's end are clamped to it: their depths have no target and count nowhere.
-    """
-    offsets = torch.arange(1, depth + 1, device=hidden.device)
-    ahead = (position[:, None] + offsets[None, :]).clamp(max=hidden.shape[1] - 1)
-    return hidden[batch_index[:, None], ahead]
 
 
 def feature_regression(rows: torch.Tensor, teacher: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor):
@@ -131,7 +119,7 @@ class DrafterObjective(nn.Module):
         weights = torch.tensor(settings.weights)
         teacher = None
         if settings.distill_weight > 0 or settings.feature_weight > 0:
-            teacher = teacher_features(hidden, batch_index, position, self.depth)
+            teacher = states_ahead(hidden, batch_index, position, self.depth)
         loss, stats = head_loss(
             rows,
             row_targets,
@@ -149,7 +137,7 @@ class DrafterObjective(nn.Module):
                 normalised, teacher, row_targets != IGNORE, weights
             )
         chain = (
-            chain_counts(drafter, rows, row_targets, base_lm_head, self.settings.chunk_size)
+            chain_counts(drafter, rows, row_targets, base_lm_head, settings.chunk_size)
             if not torch.is_grad_enabled()
             else torch.zeros(2 * self.depth, dtype=torch.float64, device=rows.device)
         )

@@ -57,6 +57,19 @@ class Rows:
     teacher_hidden: torch.Tensor | None  # [P, K, H] hidden state at position n+k (distillation)
 
 
+def states_ahead(
+    hidden: torch.Tensor, batch_index: torch.Tensor, position: torch.Tensor, num_heads: int
+) -> torch.Tensor:
+    """The hidden state at n+k [P, K, H] of each row (n = ``position``) for k = 1..``num_heads``: what head (or
+    drafting depth) k at n is distilled from.
+
+    Positions past the sequence's end are clamped to it: those heads have no target there and count nowhere.
+    """
+    offsets = torch.arange(1, num_heads + 1, device=hidden.device)
+    ahead = (position[:, None] + offsets[None, :]).clamp(max=hidden.shape[1] - 1)  # [P, K]
+    return hidden[batch_index[:, None], ahead]
+
+
 def gather_rows(
     hidden: torch.Tensor,
     input_ids: torch.Tensor,
@@ -75,9 +88,7 @@ def gather_rows(
     teacher = None
     if with_teacher:
         source = hidden if teacher_source is None else teacher_source
-        offsets = torch.arange(1, num_heads + 1, device=hidden.device)
-        ahead = (position[:, None] + offsets[None, :]).clamp(max=hidden.shape[1] - 1)  # [P, K]
-        teacher = source[batch_index[:, None], ahead]
+        teacher = states_ahead(source, batch_index, position, num_heads)
     next_tokens = input_ids[batch_index, position + 1]  # exists: a row has a target at n+2 or later
     return Rows(
         hidden=hidden[batch_index, position],
