@@ -5,12 +5,13 @@ seed and order, then their held-out accuracy per depth.
     python experiments/drafter_multilayer.py --steps 200 --out benchmarks/drafter_signals/multilayer.json
 
 - ``final``: the package's drafter as it is (depth 1 reads the target's final, post-norm hidden state).
-- ``layers``: the same drafter, except that depth 1 reads the hidden states after layers ``--layers``
-  (default: EAGLE-3's 2, L/2 and L-3), each RMS-normalised, concatenated and reduced to H by one
-  more linear layer. Deeper depths read the drafter's own output, as before.
+- ``layers``: the same drafter with ``feature_layers`` (the package's option): depth 1 reads the
+  hidden states after layers ``--layers`` (default: EAGLE-3's 2, L/2 and L-3), each
+  RMS-normalised, concatenated and reduced to H by one more linear layer. Deeper depths read the
+  drafter's own output, as before.
 
-Only training and held-out evaluation: decoding with such a drafter needs the verification
-forward to hand the proposer those layers, which the package does not do yet. The data is the
+Only training and held-out evaluation (decoding: ``medusa-lite train --feature_layers ...`` and
+experiments/spec_bench_acceptance.py). The data is the
 first ``--steps`` x ``--batch-size`` sequences of the training split configs/smollm2_drafter.yaml
 gives (shuffled with the seed) and the first ``--eval`` of its held-out split; the target runs in
 bfloat16 (its stored dtype), the drafters' forwards under bf16 autocast, as the training recipe.
@@ -19,6 +20,7 @@ bfloat16 (its stored dtype), the drafters' forwards under bf16 autocast, as the 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -26,8 +28,6 @@ from pathlib import Path
 from statistics import mean
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from common import DRAFTER_CONFIG, config_split
 from drafter_vs_heads_short import batch_of, evaluate_drafter
@@ -37,21 +37,6 @@ from medusa_lite.measure import machine_info
 from medusa_lite.training.data import collate
 from medusa_lite.training.drafter_objective import DrafterObjective
 from medusa_lite.training.objective import LossSettings
-
-
-class LayersDrafter(SequentialDrafter):
-    """A drafter whose depth 1 reads several target layers ([..., n, k*H]), reduced to H; deeper depths as before."""
-
-    def __init__(self, config, num_layers: int):
-        super().__init__(config)
-        self.reduce = nn.Linear(num_layers * config.hidden_size, config.hidden_size, bias=False)
-
-    def fused_input(self, features: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
-        hidden = self.config.hidden_size
-        if features.shape[-1] != hidden:
-            layers = features.unflatten(-1, (-1, hidden))
-            features = self.reduce(F.rms_norm(layers, (hidden,)).flatten(-2))
-        return super().fused_input(features, token_embeds)
 
 
 def target_features(base, samples, layers: list[int], batch_size: int) -> tuple[list, list]:
@@ -131,7 +116,11 @@ def main() -> None:
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
     variants = {
         "final": (lambda: SequentialDrafter(shipped.config), finals, eval_finals),
-        "layers": (lambda: LayersDrafter(shipped.config, len(layers)), chosen, eval_chosen),
+        "layers": (
+            lambda: SequentialDrafter(dataclasses.replace(shipped.config, feature_layers=layers)),
+            chosen,
+            eval_chosen,
+        ),
     }
     results = {"layers": layers, "steps": args.steps, "batch_size": args.batch_size, "variants": {}}
     for name, (fresh, states, eval_states) in variants.items():

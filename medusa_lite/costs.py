@@ -35,7 +35,7 @@ from medusa_lite.cache import reserved_cache
 from medusa_lite.dtypes import dtype_name
 from medusa_lite.kernels import cpu_capability, kernel_path
 from medusa_lite.measure import cpu_model
-from medusa_lite.model import MedusaModel, cache_keyword, text_config
+from medusa_lite.model import MedusaModel, TargetOutput, cache_keyword, text_config
 from medusa_lite.paths import cache_root
 from medusa_lite.prepack import prepack_layout
 from medusa_lite.tree import Tree
@@ -58,13 +58,14 @@ NO_NODES = torch.zeros(0, dtype=torch.long)
 class Proposal:
     """What calibration times as the proposer's work per step, and what identifies it in the cache key.
 
-    ``prepare(prefix_hidden [L, H], prefix_tokens [L], root [1])`` gets the calibration prefix's
-    final hidden states and tokens and the root the target picked after them; it returns the
-    callable to time (one step's proposal over that prefix, leaving no state behind).
+    ``prepare(prefix, prefix_tokens [L], root [1])`` gets the target's output over the calibration
+    prefix (an unbatched :class:`~medusa_lite.model.TargetOutput`: hidden [L, H] and every layer),
+    its tokens and the root the target picked after them; it returns the callable to time (one
+    step's proposal over that prefix, leaving no state behind).
     """
 
     signature: dict
-    prepare: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Callable[[], None]]
+    prepare: Callable[[TargetOutput, torch.Tensor, torch.Tensor], Callable[[], None]]
 
 
 def heads_proposal(model: MedusaModel, max_rows: int) -> Proposal | None:
@@ -75,8 +76,10 @@ def heads_proposal(model: MedusaModel, max_rows: int) -> Proposal | None:
         return None
     ranks = min(max(max_rows - 1, 1), model.guess_vocab_size)
 
-    def prepare(hidden: torch.Tensor, tokens: torch.Tensor, root: torch.Tensor) -> Callable[[], None]:
-        return lambda: model.head_topk_probabilities(hidden[-1], ranks, model.num_heads, next_tokens=root.view(()))
+    def prepare(prefix: TargetOutput, tokens: torch.Tensor, root: torch.Tensor) -> Callable[[], None]:
+        return lambda: model.head_topk_probabilities(
+            prefix.hidden[-1], ranks, model.num_heads, next_tokens=root.view(())
+        )
 
     return Proposal({"kind": "medusa-heads"}, prepare)
 
@@ -192,7 +195,7 @@ def measure_row_costs(
 
     work = {"plain": plain, **{size: verification(size) for size in sizes}}
     if proposal is not None:
-        work["proposal"] = proposal.prepare(prefill.hidden[0], prefix, root)
+        work["proposal"] = proposal.prepare(prefill.select(0), prefix, root)
     samples: dict = {name: [] for name in work}
     shuffler = random.Random(CALIBRATION_SEED)
     for round_ in range(warmup + rounds):

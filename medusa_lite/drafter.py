@@ -4,9 +4,10 @@ Medusa heads guess the token d steps ahead from the target's last hidden state a
 cannot know what heads 1..d-1 guessed. This drafter (after EAGLE / EAGLE-3; Hydra conditions
 Medusa-style heads on the drafted tokens for the same reason) is autoregressive:
 
-- Its input at a position is the pair (feature, token): the target's final hidden state h_i and
-  the embedding of the token x_{i+1} that followed it (the target's own frozen input embedding),
-  normalised and fused by one linear layer into one H-vector.
+- Its input at a position is the pair (feature, token): the target's final hidden state h_i (or,
+  with ``feature_layers``, EAGLE-3's low, middle and high layers at i, reduced to H by one linear
+  layer) and the embedding of the token x_{i+1} that followed it (the target's own frozen input
+  embedding), normalised and fused by one linear layer into one H-vector.
 - One pre-norm decoder layer (self-attention with rotary positions over the drafter's own earlier
   positions, then a SwiGLU MLP) turns it into an output feature, whose normalised value goes
   through the target's frozen lm_head (or its draft-vocabulary rows) to give the next token's
@@ -16,7 +17,8 @@ Medusa-style heads on the drafted tokens for the same reason) is autoregressive:
   everything before.
 
 So the artifact holds only the fused projection, the layer and three norms (~4.2M parameters,
-~17 MB in float32, for SmolLM2-135M): the embedding and lm_head are the target's.
+~17 MB in float32, for SmolLM2-135M; three feature layers add ~1M): the embedding and lm_head
+are the target's.
 
 Positions and caching (decoding): with committed tokens x_0..x_n (x_n, the tree's root, chosen by
 the target), the drafter's KV cache holds one entry per committed pair (h_i, x_{i+1}),
@@ -83,6 +85,11 @@ class DrafterConfig:
     draft_vocab_size: int | None = None
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
+    # Which of the target's hidden states depth 1 reads, as indices into its ``hidden_states``
+    # (0: the embeddings, i: the output of decoder layer i, the last: the final, post-norm state).
+    # None: the final hidden state alone. Several (EAGLE-3: a low, a middle and a high layer) are
+    # each RMS-normalised, concatenated and reduced to H by one more linear layer.
+    feature_layers: list[int] | None = None
     kind: str = DRAFTER_KIND
     base_model_name_or_path: str | None = None
     # Free-form facts about how the drafter was made (data, accuracies); never read by the code.
@@ -108,6 +115,18 @@ class DrafterConfig:
                 f"{self.num_attention_heads}, "
                 f"itself a multiple of num_key_value_heads {self.num_key_value_heads}"
             )
+        if self.feature_layers is not None:
+            self.feature_layers = list(self.feature_layers)
+            layers = self.feature_layers
+            if (
+                not layers
+                or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers)
+                or len(set(layers)) != len(layers)
+            ):
+                raise ValueError(
+                    "DrafterConfig.feature_layers must be None or a non-empty list of distinct layer indices >= 0, "
+                    f"got {layers!r}"
+                )
         draft = self.draft_vocab_size
         if draft is not None and (
             not isinstance(draft, int) or isinstance(draft, bool) or not 1 <= draft <= self.vocab_size
@@ -124,6 +143,11 @@ class DrafterConfig:
     @property
     def guess_vocab_size(self) -> int:
         return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target features depth 1 reads: H per feature layer (H for the final hidden state)."""
+        return self.hidden_size * len(self.feature_layers or [None])
 
     @classmethod
     def for_model(cls, base_model, **overrides) -> DrafterConfig:
@@ -206,6 +230,10 @@ class SequentialDrafter(
         self.feature_norm = nn.RMSNorm(hidden, eps=eps)
         self.token_norm = nn.RMSNorm(hidden, eps=eps)
         self.fuse = nn.Linear(2 * hidden, hidden, bias=False)
+        # several target layers [..., k*H] -> one feature [..., H]; None when reading the final hidden state
+        self.reduce = (
+            nn.Linear(config.feature_width, hidden, bias=False) if config.feature_layers is not None else None
+        )
         self.attention_norm = nn.RMSNorm(hidden, eps=eps)
         self.q_proj = nn.Linear(hidden, heads * dim, bias=False)
         self.k_proj = nn.Linear(hidden, kv_heads * dim, bias=False)
@@ -220,6 +248,20 @@ class SequentialDrafter(
         self.register_buffer(DRAFT_IDS_NAME, placeholder, persistent=True)
 
     # -- the layer ---------------------------------------------------------------------------
+    def target_feature(self, features: torch.Tensor) -> torch.Tensor:
+        """The target's features [..., n, W] (W = ``config.feature_width``, its layers side by side in
+        ``config.feature_layers`` order) -> what depth 1 reads [..., n, H]."""
+        config = self.config
+        if features.shape[-1] != config.feature_width:
+            raise ValueError(
+                f"the drafter reads target features of width {config.feature_width} (feature_layers "
+                f"{config.feature_layers}), got {features.shape[-1]}"
+            )
+        if self.reduce is None:
+            return features
+        layers = features.unflatten(-1, (-1, config.hidden_size))
+        return self.reduce(F.rms_norm(layers, (config.hidden_size,), eps=config.rms_norm_eps).flatten(-2))
+
     def fused_input(self, features: torch.Tensor, token_embeds: torch.Tensor) -> torch.Tensor:
         """(feature, token embedding) pairs [..., n, H] each -> the layer's input [..., n, H]."""
         return self.fuse(
@@ -306,6 +348,7 @@ class SequentialDrafter(
             "",
             f"- depth trained: {self.config.depth}",
             f"- draft vocabulary: {self.config.draft_vocab_size or 'full'}",
+            f"- target features read: {self.config.feature_layers or 'the final hidden state'}",
         ]
         for key in ("top1_accuracy", "chain_top1_accuracy", "data_records", "steps"):
             if key in summary:

@@ -1,7 +1,8 @@
 """The sequential drafter as a proposer: EAGLE-2 draft trees, sized by the cost of verifying rows.
 
 Each step the drafter first takes in the pairs committed since its last step (the target's
-hidden states that produced the newly committed tokens, :attr:`StepContext.fresh_hidden`), then
+hidden states that produced the newly committed tokens, :attr:`StepContext.fresh`: the final
+ones, or the layers its ``feature_layers`` name), then
 grows candidates by its own confidence (:func:`~medusa_lite.drafter_tree.grow_candidates`: each
 depth expands the ``topk`` likeliest frontier nodes, each offering ``topk`` children), ranks them
 by cumulative probability and keeps as many as pay for their rows: with a
@@ -34,7 +35,8 @@ from medusa_lite.drafter_tree import (
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
 from medusa_lite.heads import DraftLMHead
-from medusa_lite.proposers import Candidates, Proposer, StepContext, StepLimits
+from medusa_lite.model import TargetOutput, text_config
+from medusa_lite.proposers import Candidates, Proposer, StepContext, StepLimits, TargetStates
 
 # Children offered per expanded node, and nodes expanded per depth (EAGLE-2's top_k; it uses 10
 # on a GPU, where rows are nearly free; on a CPU each row costs, so fewer, likelier ones).
@@ -49,12 +51,20 @@ CALIBRATION_TAKE_IN = 3
 
 def check_drafter_fits(model, drafter: SequentialDrafter) -> None:
     hidden = model.base_model.get_input_embeddings().weight.shape[1]
-    if drafter.config.hidden_size != hidden or drafter.config.vocab_size != model.vocab_size:
+    config = drafter.config
+    if config.hidden_size != hidden or config.vocab_size != model.vocab_size:
         raise IncompatibleHeadsError(
-            f"the drafter expects hidden size {drafter.config.hidden_size} and vocab size "
-            f"{drafter.config.vocab_size}, but the model has "
+            f"the drafter expects hidden size {config.hidden_size} and vocab size "
+            f"{config.vocab_size}, but the model has "
             f"{hidden} and {model.vocab_size}: it was trained for another model "
-            f"({drafter.config.base_model_name_or_path!r})"
+            f"({config.base_model_name_or_path!r})"
+        )
+    states = text_config(model.base_model).num_hidden_layers + 1  # the embeddings, then each layer's output
+    if config.feature_layers is not None and max(config.feature_layers) >= states:
+        raise IncompatibleHeadsError(
+            f"the drafter reads the target's layers {config.feature_layers}, but the model has only "
+            f"{states} hidden states (indices 0..{states - 1}): it was trained for another model "
+            f"({config.base_model_name_or_path!r})"
         )
 
 
@@ -174,9 +184,13 @@ class DrafterRun(Proposer):
             return 0.0
         return self.costs.tokens_per_cost * self.costs.proposal_cost / max(self.spec.draft_depth(None), 1)
 
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(self.drafter.config.feature_layers or ())
+
     def take_in(self, step: StepContext) -> None:
-        """Append the pairs committed since the last step: (fresh hidden state i, the token it produced)."""
-        fresh = step.fresh_hidden
+        """Append the pairs committed since the last step: (fresh target features i, the token they produced)."""
+        fresh = step.fresh.features(self.drafter.config.feature_layers)
         count = fresh.shape[0]
         expected = step.history.numel() - 1 - self.cache.length
         if count != expected:
@@ -231,10 +245,12 @@ def drafter_proposal(spec: SequentialDrafterProposer, model) -> Proposal:
         "guess_vocab_size": config.guess_vocab_size,
         "depth": depth,
         "topk": spec.topk,
+        "feature_layers": config.feature_layers,
     }
 
-    def prepare(hidden: torch.Tensor, tokens: torch.Tensor, root: torch.Tensor):
+    def prepare(prefix: TargetOutput, tokens: torch.Tensor, root: torch.Tensor):
         run = DrafterRun(spec, model, None)
+        hidden = TargetStates.of(prefix, run.feature_layers).features(config.feature_layers)
         followers = torch.cat([tokens[1:], root])  # pair i is (h_i, the token after it)
         take_in = min(CALIBRATION_TAKE_IN, followers.numel())
         with torch.inference_mode():

@@ -63,7 +63,9 @@ def commit_pairs(
     embed: nn.Module,
     lm_head: nn.Module,
 ) -> tuple[DrafterCache, RootDraft]:
-    """Append pairs (features [n, H] of the target, the tokens [n] that followed them) to the cache.
+    """Append pairs (features [n, W] of the target, the tokens [n] that followed them) to the cache.
+
+    W: the drafter's ``config.feature_width`` (H, or H per feature layer).
 
     Returns the longer cache and the last pair's output (the next step's root draft). The n rows
     attend to the whole cache and causally among themselves: one forward, the prefix never rerun.
@@ -76,7 +78,7 @@ def commit_pairs(
     def attend(q, k, v):
         return masked_attention(q, torch.cat([cache.keys, k], dim=-2), torch.cat([cache.values, v], dim=-2), allowed)
 
-    step = drafter(features.to(cache.keys.dtype), embed(tokens), positions, attend)
+    step = drafter(drafter.target_feature(features.to(cache.keys.dtype)), embed(tokens), positions, attend)
     longer = DrafterCache(torch.cat([cache.keys, step.keys], dim=-2), torch.cat([cache.values, step.values], dim=-2))
     last = step.features[-1]
     return longer, RootDraft(last, drafter.project(last, lm_head).float())

@@ -48,6 +48,7 @@ from medusa_lite.proposers import (
     StepContext,
     StepLimits,
     StepOutcome,
+    TargetStates,
     default_proposers,
     dynamic_step_tree,
     head_guesses,
@@ -226,7 +227,7 @@ def verify_draft(model: MedusaModel, cache, draft: DraftTree) -> TargetOutput:
     if draft.num_nodes > 1:
         return verify_tree(model, cache, draft, draft.tokens)
     out = model.target_forward(draft.tokens[None], cache=cache, use_cache=True)
-    return TargetOutput(logits=out.logits[0], hidden=out.hidden[0])
+    return out.select(0)
 
 
 def gate_after_step(gate: SpeculationGate, pricing: DynamicTree, speculated: bool, draft: DraftTree, path, room: int):
@@ -341,8 +342,9 @@ def generate(
         prefill = model.target_forward(prompt[None], cache=cache, use_cache=True, logits_to_keep=1)
         stats.target_calls += 1
         root = pick_tokens(prefill.logits[0, -1:], settings, generator)
-        unseen = prefill.hidden[0]  # hidden states the proposers have not been shown yet (StepContext.fresh_hidden)
-        hidden = unseen[-1]
+        layers = sorted({layer for proposer in running for layer in proposer.feature_layers})
+        unseen = TargetStates.of(prefill.select(0), layers)  # what the proposers have not been shown yet
+        hidden = unseen.final[-1]
         finished = commit(root)
 
     pricing = next((p.pricing for p in running if p.pricing is not None), None)  # this machine's step costs
@@ -354,14 +356,14 @@ def generate(
         speculates = pricing is None or gate.speculates
         step = StepContext(model, history, root, hidden, root_draft(root), room, 0, settings, generator, unseen)
         draft = propose_draft(running, budgets, step) if speculates else step.draft
-        unseen = unseen[:0] if speculates else unseen
+        unseen = unseen.emptied() if speculates else unseen
         sides = [proposer.side_rows(replace(step, draft=draft)) if speculates else None for proposer in running]
         verified, side_logits = verify_draft_and_side_rows(model, cache, draft, sides)
         stats.target_calls += 1
         path, root = accept(draft, verified.logits, settings, generator)
         keep_accepted_in_cache(cache, prefix_len, path)
-        unseen = torch.cat([unseen, verified.hidden[path]])
-        hidden = unseen[-1]
+        unseen = unseen.then(TargetStates.of(verified, layers, path))
+        hidden = unseen.final[-1]
         accepted = torch.cat([draft.tokens[path[1:]], root])
         for proposer, logits in zip(running, side_logits):
             proposer.accepted(StepOutcome(draft, path, accepted, side_logits=logits))

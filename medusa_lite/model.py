@@ -39,6 +39,13 @@ class TargetOutput:
 
     logits: torch.Tensor  # [batch, seq, vocab]
     hidden: torch.Tensor  # [batch, seq, hidden]
+    # every hidden state the forward returned (transformers' ``hidden_states``: the embeddings, then
+    # each decoder layer's output, the last one post-norm, so ``layers[-1]`` is ``hidden``)
+    layers: tuple[torch.Tensor, ...] = ()
+
+    def select(self, index) -> TargetOutput:
+        """The same output indexed alike in logits, hidden and every layer (e.g. ``0``: the first sequence)."""
+        return TargetOutput(self.logits[index], self.hidden[index], tuple(layer[index] for layer in self.layers))
 
 
 def text_config(base_model: PreTrainedModel):
@@ -226,7 +233,7 @@ class MedusaModel(nn.Module):
         if "cache" in kwargs:
             kwargs[cache_keyword(type(self.base_model))] = kwargs.pop("cache")
         out = self.base_model(input_ids=input_ids, output_hidden_states=True, **kwargs)
-        return TargetOutput(logits=out.logits, hidden=out.hidden_states[-1])
+        return TargetOutput(logits=out.logits, hidden=out.hidden_states[-1], layers=tuple(out.hidden_states))
 
     @property
     def reads_next_token(self) -> bool:

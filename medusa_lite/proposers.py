@@ -21,7 +21,7 @@ runs for one generation (the same object when it keeps no state).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
 
@@ -74,6 +74,39 @@ class StepLimits:
 
 
 @dataclass(frozen=True)
+class TargetStates:
+    """The target's hidden states at m consecutive committed positions, oldest first: the final (post-norm) ones
+    [m, H], and the layers the running proposers asked for (:attr:`Proposer.feature_layers`), each [m, H],
+    keyed by their index into the model's ``hidden_states``."""
+
+    final: torch.Tensor
+    layers: Mapping[int, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, output, layers: Sequence[int], rows=slice(None)) -> TargetStates:
+        """The states at ``rows`` (an index into the sequence) of an unbatched
+        :class:`~medusa_lite.model.TargetOutput`, with its ``layers``."""
+        return cls(output.hidden[rows], {i: output.layers[i][rows] for i in layers})
+
+    @property
+    def count(self) -> int:
+        return self.final.shape[0]
+
+    def features(self, layers: Sequence[int] | None) -> torch.Tensor:
+        """[m, H x len(layers)]: those layers side by side, in that order (None: the final states alone)."""
+        return self.final if layers is None else torch.cat([self.layers[i] for i in layers], dim=-1)
+
+    def then(self, later: TargetStates) -> TargetStates:
+        """These states followed by ``later``'s (the same layers)."""
+        return TargetStates(
+            torch.cat([self.final, later.final]), {i: torch.cat([x, later.layers[i]]) for i, x in self.layers.items()}
+        )
+
+    def emptied(self) -> TargetStates:
+        return TargetStates(self.final[:0], {i: x[:0] for i, x in self.layers.items()})
+
+
+@dataclass(frozen=True)
 class StepContext:
     """What a proposer sees in one decoding step."""
 
@@ -86,10 +119,10 @@ class StepContext:
     max_nodes: int  # the most nodes this proposer may add this step (its share of the row budget)
     settings: SamplingSettings  # the target's sampling settings (a sampling proposer's q should use them)
     generator: torch.Generator | None = None
-    # [m, H] the target's final hidden states that produced the last m committed tokens (history[-m:]),
-    # oldest first, since the proposers were last asked: the whole prompt's at the first step (what a
-    # drafter reading the target's features, medusa_lite.drafter_proposer, appends to its own cache).
-    fresh_hidden: torch.Tensor | None = None
+    # the target's hidden states that produced the last m committed tokens (history[-m:]) since the
+    # proposers were last asked: the whole prompt's at the first step (what a drafter reading the
+    # target's features, medusa_lite.drafter_proposer, appends to its own cache)
+    fresh: TargetStates | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +203,12 @@ class Proposer:
 
     def accepted(self, outcome: StepOutcome) -> None:
         """Called after every verification with what was accepted (roll back a cache, update statistics)."""
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target's layers (indices into its ``hidden_states``) this proposer reads in :attr:`StepContext.fresh`
+        besides the final hidden state; ``generate`` keeps only the layers some proposer asks for."""
+        return ()
 
     @property
     def pricing(self) -> DynamicTree | None:

@@ -32,7 +32,7 @@ def verify_tree(model: MedusaModel, cache: DynamicCache, tree: Tree, candidates:
         cache=cache,
         use_cache=True,
     )
-    return TargetOutput(logits=out.logits[0], hidden=out.hidden[0])
+    return out.select(0)
 
 
 def keep_accepted_in_cache(cache: DynamicCache, prefix_len: int, accepted_nodes: torch.Tensor) -> None:
@@ -85,4 +85,4 @@ def verify_with_side_rows(model: MedusaModel, cache: DynamicCache, tree: Tree, c
         cache=cache,
         use_cache=True,
     )
-    return TargetOutput(logits=out.logits[0, :nodes], hidden=out.hidden[0, :nodes]), out.logits[0, nodes:]
+    return out.select((0, slice(None, nodes))), out.logits[0, nodes:]

@@ -24,10 +24,18 @@ from tests.tiny_models import FAMILIES, tiny_base_model
 
 
 def random_drafter(
-    base, *, depth: int = 3, seed: int = 2, draft_vocab_size: int | None = None, scale: float = 0.3
+    base,
+    *,
+    depth: int = 3,
+    seed: int = 2,
+    draft_vocab_size: int | None = None,
+    scale: float = 0.3,
+    feature_layers: list[int] | None = None,
 ) -> SequentialDrafter:
     """A drafter with random weights (fresh ones would also be random; a fixed seed makes tests repeatable)."""
-    drafter = SequentialDrafter(DrafterConfig.for_model(base, depth=depth, draft_vocab_size=draft_vocab_size))
+    drafter = SequentialDrafter(
+        DrafterConfig.for_model(base, depth=depth, draft_vocab_size=draft_vocab_size, feature_layers=feature_layers)
+    )
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in drafter.named_parameters():
@@ -36,19 +44,23 @@ def random_drafter(
     return drafter.eval()
 
 
-def target_features(base, tokens: torch.Tensor) -> torch.Tensor:
+def target_features(base, tokens: torch.Tensor, layers: list[int] | None = None) -> torch.Tensor:
+    """The target's hidden states at ``layers`` side by side [T, H x k] (None: the final ones [T, H])."""
     with torch.no_grad():
-        return base(tokens[None], output_hidden_states=True).hidden_states[-1][0]
+        states = base(tokens[None], output_hidden_states=True).hidden_states
+    return torch.cat([states[i][0] for i in layers or [-1]], dim=-1)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_training_unroll_equals_decoding_along_the_true_path(family):
+@pytest.mark.parametrize(
+    "family, feature_layers", [(family, None) for family in FAMILIES] + [("llama", [2, 0, 1]), ("qwen2", [1])]
+)
+def test_training_unroll_equals_decoding_along_the_true_path(family, feature_layers):
     """Depth d of the training unroll at position t == decoding's expansion of the true path's depth-d node."""
     base = tiny_base_model(family)
-    drafter = random_drafter(base, depth=3)
+    drafter = random_drafter(base, depth=3, feature_layers=feature_layers)
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
     tokens = torch.randint(0, 128, (14,), generator=torch.Generator().manual_seed(0))
-    hidden = target_features(base, tokens)
+    hidden = target_features(base, tokens, feature_layers)
     with torch.no_grad():
         unrolled = unrolled_features(drafter, hidden[None], tokens[None], embed, depth=3)
         for t in (0, 4, 9):
@@ -185,6 +197,23 @@ def test_save_load_roundtrip_records_kind(tmp_path):
     for (name, a), (_, b) in zip(drafter.state_dict().items(), loaded.state_dict().items()):
         assert torch.equal(a, b), name
     assert (tmp_path / "model.safetensors").stat().st_size < 400_000
+
+
+def test_feature_layers_round_trip_and_are_checked(tmp_path):
+    base = tiny_base_model("llama")
+    drafter = random_drafter(base, feature_layers=[0, 2])
+    assert drafter.reduce.weight.shape == (drafter.config.hidden_size, 2 * drafter.config.hidden_size)
+    drafter.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["feature_layers"] == [0, 2]
+    loaded = SequentialDrafter.from_pretrained(tmp_path)
+    assert loaded.config.feature_layers == [0, 2]
+    assert torch.equal(loaded.reduce.weight, drafter.reduce.weight)
+    with pytest.raises(ValueError, match="width 64 .*got 32"):
+        drafter.target_feature(torch.zeros(3, 32))
+    for bad in ([], [1, 1], [-1], [True], "2"):
+        with pytest.raises(ValueError, match="feature_layers"):
+            DrafterConfig.for_model(base, feature_layers=bad)
+    assert random_drafter(base).reduce is None  # the final hidden state: no reduce layer, files as before
 
 
 def test_loading_a_mismatched_file_names_the_tensors(tmp_path):

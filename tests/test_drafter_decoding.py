@@ -27,9 +27,14 @@ from medusa_lite.drafter_tree import DrafterCache, commit_pairs
 from medusa_lite.errors import IncompatibleHeadsError
 from medusa_lite.proposers import default_lookups
 
+# Tiny targets have 2 layers, so 3 hidden states: all three, as EAGLE-3 reads a low, a middle and a high one.
+THREE_LAYERS = [0, 1, 2]
 
-def random_drafter(base, *, depth: int = 3, seed: int = 2, scale: float = 0.3) -> SequentialDrafter:
-    drafter = SequentialDrafter(DrafterConfig.for_model(base, depth=depth))
+
+def random_drafter(
+    base, *, depth: int = 3, seed: int = 2, scale: float = 0.3, feature_layers: list[int] | None = None
+) -> SequentialDrafter:
+    drafter = SequentialDrafter(DrafterConfig.for_model(base, depth=depth, feature_layers=feature_layers))
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in drafter.named_parameters():
@@ -83,10 +88,11 @@ def test_drafter_accepts_its_whole_depth_when_it_is_right(family):
     assert out.stats.tokens_per_step[:3] == [5, 5, 5], out.stats.tokens_per_step
 
 
+@pytest.mark.parametrize("feature_layers", [None, THREE_LAYERS], ids=["final", "three-layers"])
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_output_is_the_targets_with_drafter_and_lookups(family):
+def test_greedy_output_is_the_targets_with_drafter_and_lookups(family, feature_layers):
     base = tiny_base_model(family, logit_scale=4.0)
-    drafter = random_drafter(base)
+    drafter = random_drafter(base, feature_layers=feature_layers)
     model = MedusaModel(
         base, None, proposers=(default_lookups(), SequentialDrafterProposer(drafter, topk=3, max_new_nodes=10))
     )
@@ -101,10 +107,12 @@ def test_greedy_output_is_the_targets_with_drafter_and_lookups(family):
         )
 
 
-def test_drafter_cache_after_generation_equals_one_pass_over_the_text():
-    """Rolled back to the accepted path every step: the cache holds exactly the committed pairs."""
+@pytest.mark.parametrize("feature_layers", [None, [1, 0]], ids=["final", "layers-1-0"])
+def test_drafter_cache_after_generation_equals_one_pass_over_the_text(feature_layers):
+    """Rolled back to the accepted path every step: the cache holds exactly the committed pairs, each made from
+    the target layers the drafter reads, in its order."""
     base = tiny_base_model("llama", logit_scale=4.0)
-    drafter = random_drafter(base)
+    drafter = random_drafter(base, feature_layers=feature_layers)
     runs = []
 
     @dataclasses.dataclass(frozen=True)
@@ -121,7 +129,9 @@ def test_drafter_cache_after_generation_equals_one_pass_over_the_text():
     length = cache.length  # pairs taken in by the last step: the tokens committed before it, less the last one
     assert 4 <= length < tokens.numel() - 1 and length >= tokens.numel() - 1 - (drafter.config.depth + 1)
     with torch.no_grad():
-        hidden = base(tokens[None], output_hidden_states=True).hidden_states[-1][0]
+        states = base(tokens[None], output_hidden_states=True).hidden_states
+        layers = feature_layers or [-1]
+        hidden = torch.cat([states[i][0] for i in layers], dim=-1)
         whole, _ = commit_pairs(
             drafter,
             DrafterCache.empty(drafter, tokens.device, torch.float32),
@@ -141,10 +151,25 @@ def test_a_drafter_for_another_model_is_refused():
         generate(model, torch.tensor([[1, 2]]), 4)
 
 
+def test_a_drafter_reading_layers_the_model_lacks_is_refused():
+    base = tiny_base_model("llama")
+    model = MedusaModel(
+        base, None, proposers=(SequentialDrafterProposer(random_drafter(base, feature_layers=[1, 5])),)
+    )
+    with pytest.raises(IncompatibleHeadsError, match=r"layers \[1, 5\].*only 3 hidden states"):
+        generate(model, torch.tensor([[1, 2]]), 4)
+
+
 @pytest.fixture(scope="module")
 def sampling_model():
     base = tiny_base_model("llama", vocab_size=VOCAB, seed=42, logit_scale=5.0)
     return base, random_drafter(base, depth=3, seed=44, scale=0.5)
+
+
+@pytest.fixture(scope="module")
+def multilayer_sampling_model(sampling_model):
+    base, _ = sampling_model
+    return base, random_drafter(base, depth=3, seed=45, scale=0.5, feature_layers=THREE_LAYERS)
 
 
 def drafter_counts(base, proposers, settings, n, seed):
@@ -175,6 +200,17 @@ def test_drafter_sampling_matches_exact_target_distribution(sampling_model, sett
         SequentialDrafterProposer(drafter, **proposer_kwargs),
     )
     counts, drafted_rows = drafter_counts(base, proposers, settings, NUM_SAMPLES, seed=1)
+    assert drafted_rows > NUM_SAMPLES, "the drafter must have proposed guesses"
+    p_value = chi_square_p_value(counts, exact_distribution(base, settings), NUM_SAMPLES)
+    assert p_value > ALPHA, f"drafter samples differ from the target's distribution (p={p_value:.2e})"
+
+
+def test_multilayer_drafter_sampling_matches_exact_target_distribution(multilayer_sampling_model):
+    """As above (same samples, alpha and power) for a drafter reading three target layers, at T = 0.7 with top-p."""
+    base, drafter = multilayer_sampling_model
+    settings = SamplingSettings(0.7, top_p=0.9)
+    proposers = (SequentialDrafterProposer(drafter, topk=3, max_new_nodes=9),)
+    counts, drafted_rows = drafter_counts(base, proposers, settings, NUM_SAMPLES, seed=3)
     assert drafted_rows > NUM_SAMPLES, "the drafter must have proposed guesses"
     p_value = chi_square_p_value(counts, exact_distribution(base, settings), NUM_SAMPLES)
     assert p_value > ALPHA, f"drafter samples differ from the target's distribution (p={p_value:.2e})"

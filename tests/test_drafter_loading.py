@@ -65,6 +65,28 @@ def test_without_a_policy_the_drafters_rows_and_drafting_are_priced_on_this_mach
     assert torch.equal(out.sequences, plain_greedy(base, prompt, 24, eos_token_id=None))
 
 
+def test_a_drafter_reading_several_target_layers_loads_is_priced_and_decodes_exactly(folders, tmp_path, monkeypatch):
+    """load() + calibration + generate hand the drafter the layers its config names (the embeddings and layer 1 of
+    this 2-layer target), not only the final hidden state."""
+    monkeypatch.setenv("MEDUSA_LITE_CACHE", str(tmp_path / "cache"))
+    target, _, base = folders
+    drafter = SequentialDrafter(DrafterConfig.for_model(base, depth=3, feature_layers=[0, 1]))
+    with torch.no_grad():
+        for name, parameter in drafter.named_parameters():
+            if "norm" not in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(6)) * 0.3)
+    drafter.save_pretrained(tmp_path / "layers-drafter")
+    model, _ = load(target, heads=tmp_path / "layers-drafter", datastore=False)
+    (proposer,) = [p for p in model.proposers if isinstance(p, SequentialDrafterProposer)]
+    assert proposer.drafter.config.feature_layers == [0, 1] and proposer.costs.proposal_cost > 0
+    (cached,) = (tmp_path / "cache" / "costs").glob("*.json")
+    assert '"feature_layers": [' in cached.read_text(), "costs are cached per drafter shape, its layers included"
+    prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(8))
+    out = generate(model, prompt, 30, eos_token_id=[])
+    assert torch.equal(out.sequences, plain_greedy(base, prompt, 30, eos_token_id=None))
+    assert out.stats.verified_rows > len(out.stats.tokens_per_step), "the drafter proposed nodes"
+
+
 @pytest.mark.skipif(not prepack.onednn_available(), reason="this PyTorch build has no oneDNN linear (x86-64)")
 def test_the_drafter_multiplies_through_the_targets_onednn_path_and_stays_exact(folders, monkeypatch):
     """Without the row_gemm kernel the target's few-row products go through oneDNN, and the drafter's too."""

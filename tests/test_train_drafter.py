@@ -4,6 +4,8 @@ model.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import training_fixtures
@@ -96,6 +98,9 @@ def test_resume_continues_a_drafter_run(tiny_target, pattern_data, tmp_path):
         ({"drafter": "hydra"}, "drafter must be one of"),
         ({"feature_weight": 0.5}, "feature_weight regresses a sequential drafter"),
         ({"drafter": "sequential", "feature_weight": -1.0}, "feature_weight must be >= 0"),
+        ({"feature_layers": [0, 1]}, "feature_layers chooses the target layers a sequential drafter reads"),
+        ({"drafter": "sequential", "feature_layers": [1, 1]}, "feature_layers must be a non-empty list of distinct"),
+        ({"drafter": "sequential", "feature_layers": [0, 3]}, "name hidden states the model does not have: it has 3"),
     ],
 )
 def test_bad_drafter_settings_are_refused(tiny_target, pattern_data, tmp_path, overrides, message):
@@ -142,3 +147,35 @@ def test_drafter_learns_from_the_targets_distribution_and_features_too(tiny_targ
     assert summary["chain_top1_accuracy"][2] > 0.5
     kl = [sum(entry["train/head_kl"]) for entry in run.history if "train/head_kl" in entry]
     assert len(kl) >= 2 and kl[-1] < 0.5 * kl[0], f"the distillation term is logged and falls: {kl}"
+
+
+def test_a_drafter_reading_several_layers_learns_and_caches_them_beside_the_final_state(
+    tiny_target, pattern_data, tmp_path
+):
+    """EAGLE-3-style features through the whole pipeline: the cache holds the two named layers and, since the loss
+    reads the target's final state ahead, that one too (3 x H per position); cached and live batches train alike;
+    the saved drafter records its layers."""
+    torch.set_num_threads(1)
+    layers = dict(drafter="sequential", feature_layers=[0, 1], feature_weight=1.0, log_every=1)
+    runs = {
+        cached: train_heads.main(
+            tiny_argv(
+                tiny_target,
+                pattern_data,
+                tmp_path / f"cached-{cached}",
+                max_steps=3,
+                precompute_hidden=cached,
+                **layers,
+            )
+        )
+        for cached in (False, True)
+    }
+    live, cached = ([e["train/loss"] for e in runs[c].history if "train/loss" in e] for c in (False, True))
+    torch.testing.assert_close(torch.tensor(cached), torch.tensor(live), rtol=2e-2, atol=0)
+    info = json.loads((tmp_path / "cached-True" / "hidden_cache" / "cache_info.json").read_text())
+    assert info["hidden_size"] == 3 * AutoModelForCausalLM.from_pretrained(tiny_target).config.hidden_size
+
+    run = train_heads.main(tiny_argv(tiny_target, pattern_data, tmp_path / "full", learning_rate=3e-3, **layers))
+    assert run.summary["chain_top1_accuracy"][2] > 0.5
+    drafter = SequentialDrafter.from_pretrained(run.heads_dir)
+    assert drafter.config.feature_layers == [0, 1] and drafter.reduce is not None

@@ -80,6 +80,10 @@ class TrainConfig:
     # sequential drafter only: weight of the regression of its output features on the target's
     # (EAGLE-1's feature loss, training/drafter_objective.py)
     feature_weight: float = 0.0
+    # sequential drafter only: the target's hidden states depth 1 reads, as indices into its
+    # hidden_states (0: embeddings, i: after decoder layer i); None: the final hidden state alone.
+    # EAGLE-3 reads a low, a middle and a high layer (e.g. [2, 15, 27] of SmolLM2-135M's 30)
+    feature_layers: list[int] | None = None
     # heads guess among the D most frequent response tokens of the training split only (None: all
     # V tokens): the projection costs D/V as much; decoding stays exact (see training/draft_vocab.py)
     draft_vocab_size: int | None = None
@@ -332,6 +336,20 @@ def validate(config: TrainConfig) -> None:
         "config: feature_weight regresses a sequential drafter's output features; Medusa heads have none to "
         "regress (set drafter: sequential, or feature_weight: 0)",
     )
+    if config.feature_layers is not None:
+        layers = config.feature_layers
+        require(
+            config.drafter == "sequential",
+            "config: feature_layers chooses the target layers a sequential drafter reads; Medusa heads read the "
+            "final hidden state (set drafter: sequential, or remove feature_layers)",
+        )
+        require(
+            isinstance(layers, list)
+            and layers
+            and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in layers)
+            and len(set(layers)) == len(layers),
+            f"config: feature_layers must be a non-empty list of distinct layer indices >= 0, got {layers!r}",
+        )
     require(config.max_cache_gb > 0, f"config: max_cache_gb must be > 0, got {config.max_cache_gb}")
     require(config.weight_decay >= 0, f"config: weight_decay must be >= 0, got {config.weight_decay}")
     require(

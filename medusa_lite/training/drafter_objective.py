@@ -13,6 +13,10 @@ Alignment (as for Medusa heads, :mod:`medusa_lite.training.losses`): the target'
 position t is paired with token x_{t+1}; depth d at t guesses x_{t+1+d}; its input token is
 x_{t+d} and its position t + d - 1.
 
+The batch's target states per position are the features depth 1 reads (the final hidden state,
+or the drafter's ``feature_layers`` side by side), then, when a loss below reads the final hidden
+state and the features are other layers, the final hidden state too (:func:`state_layers`).
+
 Besides the data's tokens, the target's own hidden state h_{t+d} (already in the batch: the cache
 keeps every position) teaches depth d at t two more things, each with its own weight:
 
@@ -32,6 +36,15 @@ from torch import nn
 from medusa_lite.drafter import SequentialDrafter, causal_plus_own_attention
 from medusa_lite.training.losses import IGNORE, head_loss, head_targets, states_ahead, to_draft_targets
 from medusa_lite.training.objective import LossSettings, teacher_logits
+
+
+def state_layers(feature_layers: list[int] | None, reads_target_ahead: bool) -> list[int] | None:
+    """The target layers a drafter's batch holds per position (:func:`~medusa_lite.training.objective.hidden_layers`):
+    None for the final hidden state alone; else the feature layers, then the final one (-1) when the loss reads it.
+    """
+    if feature_layers is None:
+        return None
+    return [*feature_layers, -1] if reads_target_ahead else list(feature_layers)
 
 
 def shifted_tokens(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
@@ -56,14 +69,16 @@ def feature_regression(rows: torch.Tensor, teacher: torch.Tensor, valid: torch.T
 def unrolled_features(
     drafter: SequentialDrafter, hidden: torch.Tensor, input_ids: torch.Tensor, embed: nn.Module, depth: int
 ) -> list[torch.Tensor]:
-    """The drafter's output features [B, T, H] at depths 1..``depth``, each depth reading the previous one's."""
+    """The drafter's output features [B, T, H] at depths 1..``depth``, each depth reading the previous one's.
+
+    ``hidden`` [B, T, W]: the target features depth 1 reads (W: ``config.feature_width``)."""
     length = input_ids.shape[1]
     base_positions = torch.arange(length, device=input_ids.device).expand_as(input_ids)
     outputs: list[torch.Tensor] = []
     true_k = true_v = None
     earlier_k: list[torch.Tensor] = []
     earlier_v: list[torch.Tensor] = []
-    features = hidden
+    features = drafter.target_feature(hidden)
     for level in range(1, depth + 1):
         tokens = embed(shifted_tokens(input_ids, level))
 
@@ -105,21 +120,32 @@ class DrafterObjective(nn.Module):
         return len(self.settings.weights)
 
     def forward(self, hidden: torch.Tensor, input_ids: torch.Tensor, loss_mask: torch.Tensor, topk: int = 1):
+        """``hidden`` [B, T, W]: the target states of :func:`state_layers`, side by side."""
         base_lm_head, embed = self._frozen
         drafter = self.heads
+        settings = self.settings
+        config = drafter.config
+        layers = state_layers(config.feature_layers, settings.reads_target_ahead)
+        width = config.hidden_size * (1 if layers is None else len(layers))
+        if hidden.shape[-1] != width:
+            raise ValueError(
+                f"the drafter's batch should hold target states of width {width} (layers {layers or 'final'}), "
+                f"got {hidden.shape[-1]}"
+            )
         parameter = next(drafter.parameters())
-        outputs = unrolled_features(drafter, hidden.to(parameter.dtype), input_ids, embed, self.depth)
+        features = hidden[..., : config.feature_width].to(parameter.dtype)
+        outputs = unrolled_features(drafter, features, input_ids, embed, self.depth)
         targets = head_targets(input_ids, loss_mask, self.depth)  # [B, T, K]: depth d at t guesses x_{t+1+d}
         batch_index, position = torch.nonzero((targets != IGNORE).any(dim=-1), as_tuple=True)
         rows = torch.stack([out[batch_index, position] for out in outputs], dim=1)  # [P, K, H]
         row_targets = targets[batch_index, position]
         if drafter.draft_token_ids is not None:
             row_targets = to_draft_targets(row_targets, drafter.draft_token_ids, drafter.config.vocab_size)
-        settings = self.settings
         weights = torch.tensor(settings.weights)
         teacher = None
-        if settings.distill_weight > 0 or settings.feature_weight > 0:
-            teacher = states_ahead(hidden, batch_index, position, self.depth)
+        if settings.reads_target_ahead:
+            final = hidden[..., -config.hidden_size :]
+            teacher = states_ahead(final, batch_index, position, self.depth)
         loss, stats = head_loss(
             rows,
             row_targets,

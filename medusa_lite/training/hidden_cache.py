@@ -54,12 +54,21 @@ def estimate_cache_bytes(samples: list[Sample], hidden_size: int, num_heads: int
 
 
 def fingerprint(
-    samples: list[Sample], *, model_name: str, hidden_size: int, num_heads: int, from_start: bool = False
+    samples: list[Sample],
+    *,
+    model_name: str,
+    hidden_size: int,
+    num_heads: int,
+    from_start: bool = False,
+    layers: list[int] | None = None,
 ) -> str:
+    """Of everything a cache's content depends on; ``layers``: the target layers stored (None: the final one)."""
     digest = hashlib.sha256()
     described = {"model": model_name, "hidden": hidden_size, "heads": num_heads, "version": CACHE_VERSION}
     if from_start:  # only then: the fingerprints of existing heads caches stay as they were
         described["from_start"] = True
+    if layers is not None:  # likewise
+        described["layers"] = list(layers)
     digest.update(json.dumps(described).encode())
     for sample in samples:
         digest.update(sample.input_ids.numpy().tobytes())

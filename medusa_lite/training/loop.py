@@ -37,8 +37,9 @@ from medusa_lite.training.data import TokenizedData, batch_indices, collate, loa
 from medusa_lite.training.draft_vocab import DraftVocab, choose_draft_vocab, measure_draft_vocab
 from medusa_lite.training.errors import NonFiniteLossError, TrainingDataError
 from medusa_lite.training.losses import IGNORE, HeadStats, gather_rows, head_targets
-from medusa_lite.training.objective import last_hidden
+from medusa_lite.training.objective import hidden_layers
 from medusa_lite.training.setup import (
+    batch_layers,
     build_objective,
     check_draft_vocab_fits,
     fill_deepspeed_config,
@@ -80,6 +81,7 @@ class BatchSource:
         cache: hidden_cache.HiddenCache | None = None,
         offset: int = 0,
         sequential: bool = False,
+        layers: list[int] | None = None,
     ):
         self.samples = samples
         self.sequential = sequential  # a sequential drafter trains on whole sequences, not flattened rows
@@ -90,13 +92,14 @@ class BatchSource:
         self.pad_id = pad_id
         self.cache = cache
         self.offset = offset  # index of samples[0] in the cache
+        self.layers = layers  # the target layers a batch holds (training.setup.batch_layers); None: the final one
 
     def tokens(self, indices: list[int]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.device) for k, v in collate([self.samples[i] for i in indices], self.pad_id).items()}
 
     def hidden_and_tokens(self, indices: list[int]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The target's final hidden states [B, T, H] of the batch (from the cache or a live forward) and its
-        tokens.
+        """The target's hidden states [B, T, W] of the batch (the final ones, or ``layers`` side by side; from the
+        cache or a live forward) and its tokens.
         """
         batch = self.tokens(indices)
         if self.cache is not None:
@@ -105,7 +108,7 @@ class BatchSource:
             )
         else:
             with torch.no_grad():
-                hidden = last_hidden(self.base_model, batch["input_ids"], batch["attention_mask"])
+                hidden = hidden_layers(self.base_model, batch["input_ids"], batch["attention_mask"], self.layers)
         return hidden, batch
 
     def rows(self, indices: list[int]):
@@ -259,21 +262,29 @@ def train_metrics(stats: HeadStats, loss_sum: float, steps: int, extra_sum: floa
 # -- hidden-state cache -------------------------------------------------------------------------
 
 
+def state_width(config: TrainConfig, hidden_size: int) -> int:
+    """Values per position a batch (and the cache) holds: ``hidden_size`` per layer of :func:`batch_layers`."""
+    layers = batch_layers(config)
+    return hidden_size * (1 if layers is None else len(layers))
+
+
 def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedData, log: RunLog):
     """Build (or reuse) the cache for train + held-out samples; return (cache, seconds spent building)."""
     samples = data.train + data.eval
-    hidden_size = base_model.get_output_embeddings().weight.shape[1]
+    layers = batch_layers(config)
+    width = state_width(config, base_model.get_output_embeddings().weight.shape[1])
     cache_dir = config.cache_dir()
     name = f"{getattr(base_model.config, '_name_or_path', '') or config.model} ({base_model.dtype})"
     fingerprint_value = hidden_cache.fingerprint(
         samples,
         model_name=name,
-        hidden_size=hidden_size,
+        hidden_size=width,
         num_heads=config.num_heads,
         from_start=config.drafter == "sequential",
+        layers=layers,
     )
     from_start = config.drafter == "sequential"
-    needed = hidden_cache.estimate_cache_bytes(samples, hidden_size, config.num_heads, from_start)
+    needed = hidden_cache.estimate_cache_bytes(samples, width, config.num_heads, from_start)
     info = hidden_cache.read_info(cache_dir)
     if info is not None and info.get("fingerprint") == fingerprint_value:
         log.say(f"hidden-state cache: reusing {cache_dir} ({needed / GIGABYTE:.3g} GB, {info['positions']} positions)")
@@ -291,7 +302,7 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
     device = accelerator.device
 
     def hidden_fn(batch):
-        return last_hidden(base_model, batch["input_ids"].to(device), batch["attention_mask"].to(device))
+        return hidden_layers(base_model, batch["input_ids"].to(device), batch["attention_mask"].to(device), layers)
 
     hidden_cache.build_cache(
         samples,
@@ -299,7 +310,7 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
         cache_dir,
         fingerprint_value=fingerprint_value,
         num_heads=config.num_heads,
-        hidden_size=hidden_size,
+        hidden_size=width,
         batch_size=config.batch_size,
         rank=accelerator.process_index,
         world_size=accelerator.num_processes,
@@ -475,7 +486,10 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     cache_bytes = 0
     if config.precompute_hidden and hidden_cache.read_info(config.cache_dir()) is None:
         cache_bytes = hidden_cache.estimate_cache_bytes(
-            data.train + data.eval, heads.config.hidden_size, config.num_heads, config.drafter == "sequential"
+            data.train + data.eval,
+            state_width(config, heads.config.hidden_size),
+            config.num_heads,
+            config.drafter == "sequential",
         )
     check_free_space(output_dir, estimate_output_bytes(config, objective, cache_bytes))
     cache, cache_seconds = None, 0.0
@@ -486,7 +500,16 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     with_teacher = config.distill_weight > 0
     sequential = config.drafter == "sequential"
     train_source = BatchSource(
-        data.train, base_for_batches, config.num_heads, with_teacher, accelerator.device, pad_id, cache, 0, sequential
+        data.train,
+        base_for_batches,
+        config.num_heads,
+        with_teacher,
+        accelerator.device,
+        pad_id,
+        cache,
+        0,
+        sequential,
+        batch_layers(config),
     )
     eval_source = BatchSource(
         data.eval,
@@ -498,6 +521,7 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
         cache,
         len(data.train),
         sequential,
+        batch_layers(config),
     )
 
     trainable = [p for p in objective.parameters() if p.requires_grad]

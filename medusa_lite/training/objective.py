@@ -37,6 +37,11 @@ class LossSettings:
     chunk_size: int = 1024
     feature_weight: float = 0.0  # the sequential drafter's feature regression (training/drafter_objective.py)
 
+    @property
+    def reads_target_ahead(self) -> bool:
+        """Whether a drafter's loss reads the target's final hidden states ahead (distillation, feature regression)."""
+        return self.distill_weight > 0 or self.feature_weight > 0
+
 
 def project_with(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     """Apply a (possibly bf16) frozen lm_head to float hidden states; logits in float32."""
@@ -144,6 +149,19 @@ def body_of(causal_lm: nn.Module) -> nn.Module:
 def last_hidden(causal_lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Final (post-norm) hidden states [B, T, H]: what the lm_head and the heads read."""
     return body_of(causal_lm)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+
+
+def hidden_layers(
+    causal_lm: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, layers: list[int] | None
+) -> torch.Tensor:
+    """The hidden states at ``layers`` (indices into the body's ``hidden_states``, -1: the final, post-norm one)
+    side by side [B, T, H x len(layers)]; None: the final ones alone (:func:`last_hidden`)."""
+    if layers is None:
+        return last_hidden(causal_lm, input_ids, attention_mask)
+    out = body_of(causal_lm)(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True
+    )
+    return torch.cat([out.hidden_states[i] for i in layers], dim=-1)
 
 
 class Medusa2Objective(nn.Module):

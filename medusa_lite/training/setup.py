@@ -12,10 +12,10 @@ from medusa_lite.dtypes import AUTO, parse_dtype
 from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.loading import load_target
-from medusa_lite.model import MedusaModel
+from medusa_lite.model import MedusaModel, text_config
 from medusa_lite.training.checks import check_processes_connected
 from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
-from medusa_lite.training.drafter_objective import DrafterObjective
+from medusa_lite.training.drafter_objective import DrafterObjective, state_layers
 from medusa_lite.training.errors import TrainingConfigError
 from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective
 
@@ -114,7 +114,15 @@ def fresh_heads(
 def fresh_drafter(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None) -> SequentialDrafter:
     """A fresh sequential drafter sized like ``base_model``'s layers, unrolled ``config.num_heads`` depths."""
     draft_size = None if draft_token_ids is None else int(torch.as_tensor(draft_token_ids).numel())
-    drafter_config = DrafterConfig.for_model(base_model, depth=config.num_heads, draft_vocab_size=draft_size)
+    states = text_config(base_model).num_hidden_layers + 1
+    if config.feature_layers is not None and max(config.feature_layers) >= states:
+        raise TrainingConfigError(
+            f"config: feature_layers {config.feature_layers} name hidden states the model does not have: it has "
+            f"{states} (0: the embeddings, 1..{states - 1}: its decoder layers' outputs)"
+        )
+    drafter_config = DrafterConfig.for_model(
+        base_model, depth=config.num_heads, draft_vocab_size=draft_size, feature_layers=config.feature_layers
+    )
     if config.model == DEFAULT_MODEL_KEYWORD:
         from medusa_lite.default_model import DEFAULT_MODEL_NAME
 
@@ -146,13 +154,24 @@ def add_lora(config: TrainConfig, base_model):
         ) from error
 
 
-def build_objective(config: TrainConfig, base_model, heads: MedusaHeads | SequentialDrafter):
-    settings = LossSettings(
+def loss_settings(config: TrainConfig) -> LossSettings:
+    return LossSettings(
         weights=config.loss_weights(),
         distill_weight=config.distill_weight,
         chunk_size=config.loss_chunk_positions,
         feature_weight=config.feature_weight,
     )
+
+
+def batch_layers(config: TrainConfig) -> list[int] | None:
+    """The target layers each training batch holds per position (None: the final hidden state alone)."""
+    if config.drafter != "sequential":
+        return None
+    return state_layers(config.feature_layers, loss_settings(config).reads_target_ahead)
+
+
+def build_objective(config: TrainConfig, base_model, heads: MedusaHeads | SequentialDrafter):
+    settings = loss_settings(config)
     if isinstance(heads, SequentialDrafter):
         return DrafterObjective(
             heads, base_model.get_output_embeddings(), base_model.get_input_embeddings(), settings
