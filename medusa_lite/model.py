@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import inspect
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,21 @@ from medusa_lite.tree import Tree, as_tree
 TREE_CAPABLE_ATTENTION = ("eager", "sdpa", TREE_SDPA)
 
 
+@dataclass(frozen=True)
+class IndexedLayers(Sequence):
+    """``layers`` each indexed by ``index`` when read: :meth:`TargetOutput.select` costs nothing for layers never read
+    (a model has dozens; a proposer reads a few)."""
+
+    layers: Sequence[torch.Tensor]
+    index: object
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return self.layers[i][self.index]
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+
 @dataclass
 class TargetOutput:
     """One forward of the target: next-token logits and final (post-norm) hidden states."""
@@ -41,11 +57,11 @@ class TargetOutput:
     hidden: torch.Tensor  # [batch, seq, hidden]
     # every hidden state the forward returned (transformers' ``hidden_states``: the embeddings, then
     # each decoder layer's output, the last one post-norm, so ``layers[-1]`` is ``hidden``)
-    layers: tuple[torch.Tensor, ...] = ()
+    layers: Sequence[torch.Tensor] = ()
 
     def select(self, index) -> TargetOutput:
         """The same output indexed alike in logits, hidden and every layer (e.g. ``0``: the first sequence)."""
-        return TargetOutput(self.logits[index], self.hidden[index], tuple(layer[index] for layer in self.layers))
+        return TargetOutput(self.logits[index], self.hidden[index], IndexedLayers(self.layers, index))
 
 
 def text_config(base_model: PreTrainedModel):

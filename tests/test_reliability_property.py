@@ -31,8 +31,13 @@ NUM_HEADS = 2
 BASE = tiny_base_model("llama", vocab_size=VOCAB, seed=23, max_position_embeddings=64)
 MODEL = MedusaModel(BASE, random_heads(BASE, num_heads=NUM_HEADS, seed=24))
 PROMPT = torch.tensor([[1, 2, 3, 1, 2]])
+# derandomize: the same examples on every run, so test_the_file_properties_reached_both_outcomes
+# cannot flake (with fresh random examples a format was once refused all 60 times).
 FAST = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 
 # -- values of every kind ----------------------------------------------------------------------
