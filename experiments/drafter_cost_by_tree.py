@@ -39,13 +39,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--depths", type=int, nargs="+", default=[1, 2, 3, 4, 5, 6])
     parser.add_argument("--topks", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument(
+        "--feature-layers", type=int, nargs="+", default=None, help="the drafter reads these target layers (EAGLE-3)"
+    )
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model, _ = load()
     rows = []
     for depth in args.depths:
-        config = DrafterConfig.for_model(model.base_model, depth=depth, draft_vocab_size=DRAFT_VOCAB)
+        config = DrafterConfig.for_model(
+            model.base_model, depth=depth, draft_vocab_size=DRAFT_VOCAB, feature_layers=args.feature_layers
+        )
         drafter = SequentialDrafter(config).eval()
         for topk in args.topks:  # set up (and packed for its rows) as load() does
             spec = drafter_proposer_for(model, drafter, POLICY, price_here=False, topk=topk)
@@ -66,6 +71,7 @@ def main() -> None:
         "kernel": kernel_path().describe(),
         "threads": args.threads,
         "dtype": "float32",
+        "feature_layers": args.feature_layers,
         "torch": torch.__version__,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

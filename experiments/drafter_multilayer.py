@@ -1,8 +1,9 @@
 """Does the sequential drafter accept more when it reads several of the target's layers (EAGLE-3's low / mid / high
 features) instead of the final hidden state alone? Two drafters trained side by side on the same sequences, steps,
-seed and order, then their held-out accuracy per depth.
+seed and order, then their held-out accuracy per depth (and, with ``--save``, both saved for decoding).
 
-    python experiments/drafter_multilayer.py --steps 200 --out benchmarks/drafter_signals/multilayer.json
+    python experiments/drafter_multilayer.py --steps 200 --out benchmarks/drafter_signals/multilayer.json \
+        [--save runs/multilayer]     # then: experiments/spec_bench_acceptance.py --heads runs/multilayer/layers
 
 - ``final``: the package's drafter as it is (depth 1 reads the target's final, post-norm hidden state).
 - ``layers``: the same drafter with ``feature_layers`` (the package's option): depth 1 reads the
@@ -10,11 +11,12 @@ seed and order, then their held-out accuracy per depth.
   RMS-normalised, concatenated and reduced to H by one more linear layer. Deeper depths read the
   drafter's own output, as before.
 
-Only training and held-out evaluation (decoding: ``medusa-lite train --feature_layers ...`` and
-experiments/spec_bench_acceptance.py). The data is the
-first ``--steps`` x ``--batch-size`` sequences of the training split configs/smollm2_drafter.yaml
-gives (shuffled with the seed) and the first ``--eval`` of its held-out split; the target runs in
-bfloat16 (its stored dtype), the drafters' forwards under bf16 autocast, as the training recipe.
+The data is the first ``--steps`` x ``--batch-size`` sequences of the training split
+configs/smollm2_drafter.yaml gives (shuffled with the seed) and the first ``--eval`` of its held-out
+split; the draft vocabulary is the recipe's (its ``draft_vocab_size`` most frequent response tokens
+of the training split). As the training recipe's ``dtype: auto``: on a CPU with bfloat16 matrix
+units (AMX or AVX512-BF16) the target runs in bfloat16 and the drafters' forwards under bf16
+autocast, elsewhere everything in float32.
 """
 
 from __future__ import annotations
@@ -31,16 +33,20 @@ import torch
 
 from common import DRAFTER_CONFIG, config_split
 from drafter_vs_heads_short import batch_of, evaluate_drafter
-from medusa_lite.drafter import SequentialDrafter
+from medusa_lite.default_model import DEFAULT_MODEL_NAME
+from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.loading import load_target
 from medusa_lite.measure import machine_info
+from medusa_lite.training.config import load_config
 from medusa_lite.training.data import collate
+from medusa_lite.training.draft_vocab import choose_draft_vocab
 from medusa_lite.training.drafter_objective import DrafterObjective
 from medusa_lite.training.objective import LossSettings
+from medusa_lite.training.setup import has_bf16_matrix_units
 
 
 def target_features(base, samples, layers: list[int], batch_size: int) -> tuple[list, list]:
-    """Per sequence: the final hidden state [T, H] and the chosen layers' [T, k*H] (bfloat16)."""
+    """Per sequence: the final hidden state [T, H] and the chosen layers' [T, k*H] (in the target's dtype)."""
     finals, chosen = [], []
     for start in range(0, len(samples), batch_size):
         part = samples[start : start + batch_size]
@@ -52,8 +58,8 @@ def target_features(base, samples, layers: list[int], batch_size: int) -> tuple[
         picked = torch.cat([out.hidden_states[layer] for layer in layers], dim=-1)
         for row, sample in enumerate(part):
             length = int(sample.input_ids.numel())
-            finals.append(out.last_hidden_state[row, :length].to(torch.bfloat16))
-            chosen.append(picked[row, :length].to(torch.bfloat16))
+            finals.append(out.last_hidden_state[row, :length].clone())
+            chosen.append(picked[row, :length].clone())
     return finals, chosen
 
 
@@ -71,7 +77,7 @@ def train(drafter, samples, states, embed, lm_head, args) -> list[float]:
     losses = []
     for step in range(args.steps):
         hidden, batch = batch_of(samples, states, list(range(step * args.batch_size, (step + 1) * args.batch_size)))
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             loss, _ = objective(hidden, batch["input_ids"], batch["loss_mask"])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -91,14 +97,16 @@ def main() -> None:
     parser.add_argument("--eval", type=int, default=40)
     parser.add_argument("--layers", type=int, nargs="+", default=None, help="hidden_states indices (2 L/2 L-3)")
     parser.add_argument("--learning-rate", type=float, default=1e-3)
-    parser.add_argument("--draft-ids-from", type=Path, required=True, help="a trained drafter folder: its draft vocab")
+    parser.add_argument("--save", type=Path, default=None, help="save both drafters to SAVE/final and SAVE/layers")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    base, tokenizer = load_target(None, torch.bfloat16, "cpu", attn_implementation="sdpa")
+    args.bf16 = has_bf16_matrix_units()
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    base, tokenizer = load_target(None, dtype, "cpu", attn_implementation="sdpa")
     base.eval().requires_grad_(False)
     num_layers = base.config.num_hidden_layers
     layers = args.layers or [2, num_layers // 2, num_layers - 3]
@@ -112,12 +120,15 @@ def main() -> None:
     feature_seconds = time.perf_counter() - tick
     print(f"target features of {len(samples) + len(held_out)} sequences in {feature_seconds:.0f} s", flush=True)
 
-    shipped = SequentialDrafter.from_pretrained(args.draft_ids_from)
+    recipe = load_config(DRAFTER_CONFIG)
+    draft_ids = choose_draft_vocab(data.train, data.eval, base.config.vocab_size, recipe.draft_vocab_size).token_ids
+    config = DrafterConfig.for_model(base, depth=recipe.num_heads, draft_vocab_size=recipe.draft_vocab_size)
+    config.base_model_name_or_path = DEFAULT_MODEL_NAME
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
     variants = {
-        "final": (lambda: SequentialDrafter(shipped.config), finals, eval_finals),
+        "final": (lambda: SequentialDrafter(config), finals, eval_finals),
         "layers": (
-            lambda: SequentialDrafter(dataclasses.replace(shipped.config, feature_layers=layers)),
+            lambda: SequentialDrafter(dataclasses.replace(config, feature_layers=layers)),
             chosen,
             eval_chosen,
         ),
@@ -126,7 +137,7 @@ def main() -> None:
     for name, (fresh, states, eval_states) in variants.items():
         torch.manual_seed(args.seed)
         drafter = fresh().float()
-        drafter.set_draft_vocab(shipped.draft_token_ids)
+        drafter.set_draft_vocab(draft_ids)
         tick = time.perf_counter()
         losses = train(drafter, samples, states, embed, lm_head, args)
         seconds = time.perf_counter() - tick
@@ -140,8 +151,16 @@ def main() -> None:
             "train_seconds": round(seconds, 1),
         }
         print(name, json.dumps(results["variants"][name]), flush=True)
+        if args.save is not None:
+            drafter.config.training_summary = {
+                "experiment": "experiments/drafter_multilayer.py",
+                "steps": args.steps,
+                "top1_accuracy": held["top1"],
+                "chain_top1_accuracy": held["chain_top1"],
+            }
+            drafter.save_pretrained(args.save / name)
     results["feature_seconds"] = round(feature_seconds, 1)
-    results["machine"] = machine_info(torch.bfloat16)
+    results["machine"] = machine_info(dtype)
     results["seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")

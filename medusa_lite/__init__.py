@@ -32,6 +32,7 @@ from medusa_lite.proposers import (
     StepContext,
     StepLimits,
     StepOutcome,
+    TargetStates,
 )
 from medusa_lite.sampling import SamplingSettings, logits_to_probs
 from medusa_lite.tree import Tree, best_tree, default_tree
@@ -70,6 +71,7 @@ __all__ = [
     "StepContext",
     "StepLimits",
     "StepOutcome",
+    "TargetStates",
     "default_tree",
     "generate",
     "load",
