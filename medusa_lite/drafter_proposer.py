@@ -35,7 +35,7 @@ from medusa_lite.drafter_tree import (
 from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
 from medusa_lite.heads import DraftLMHead
-from medusa_lite.model import TargetOutput, text_config
+from medusa_lite.model import TargetOutput, hidden_state_count
 from medusa_lite.proposers import Candidates, Proposer, StepContext, StepLimits, TargetStates
 
 # Children offered per expanded node, and nodes expanded per depth (EAGLE-2's top_k; it uses 10
@@ -59,7 +59,7 @@ def check_drafter_fits(model, drafter: SequentialDrafter) -> None:
             f"{hidden} and {model.vocab_size}: it was trained for another model "
             f"({config.base_model_name_or_path!r})"
         )
-    states = text_config(model.base_model).num_hidden_layers + 1  # the embeddings, then each layer's output
+    states = hidden_state_count(model.base_model)
     if config.feature_layers is not None and max(config.feature_layers) >= states:
         raise IncompatibleHeadsError(
             f"the drafter reads the target's layers {config.feature_layers}, but the model has only "

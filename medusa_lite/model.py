@@ -69,6 +69,11 @@ def text_config(base_model: PreTrainedModel):
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
+def hidden_state_count(base_model: PreTrainedModel) -> int:
+    """How many hidden states a forward returns: the embeddings, then each decoder layer's output."""
+    return text_config(base_model).num_hidden_layers + 1
+
+
 @functools.cache
 def cache_keyword(model_class: type) -> str:
     """The keyword a model's ``forward`` takes its KV cache by.

@@ -88,10 +88,6 @@ class TargetStates:
         :class:`~medusa_lite.model.TargetOutput`, with its ``layers``."""
         return cls(output.hidden[rows], {i: output.layers[i][rows] for i in layers})
 
-    @property
-    def count(self) -> int:
-        return self.final.shape[0]
-
     def features(self, layers: Sequence[int] | None) -> torch.Tensor:
         """[m, H x len(layers)]: those layers side by side, in that order (None: the final states alone)."""
         return self.final if layers is None else torch.cat([self.layers[i] for i in layers], dim=-1)

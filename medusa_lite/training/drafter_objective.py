@@ -47,6 +47,11 @@ def state_layers(feature_layers: list[int] | None, reads_target_ahead: bool) -> 
     return [*feature_layers, -1] if reads_target_ahead else list(feature_layers)
 
 
+def states_width(layers: list[int] | None, hidden_size: int) -> int:
+    """Values per position a batch of :func:`state_layers` ``layers`` holds: ``hidden_size`` per layer."""
+    return hidden_size * (1 if layers is None else len(layers))
+
+
 def shifted_tokens(input_ids: torch.Tensor, shift: int) -> torch.Tensor:
     """input_ids [B, T] moved ``shift`` places left, padded with token 0 (rows past the end have no target)."""
     shifted = torch.zeros_like(input_ids)
@@ -126,7 +131,7 @@ class DrafterObjective(nn.Module):
         settings = self.settings
         config = drafter.config
         layers = state_layers(config.feature_layers, settings.reads_target_ahead)
-        width = config.hidden_size * (1 if layers is None else len(layers))
+        width = states_width(layers, config.hidden_size)
         if hidden.shape[-1] != width:
             raise ValueError(
                 f"the drafter's batch should hold target states of width {width} (layers {layers or 'final'}), "

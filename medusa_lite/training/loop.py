@@ -35,6 +35,7 @@ from medusa_lite.training.checks import (
 from medusa_lite.training.config import GIGABYTE, TrainConfig
 from medusa_lite.training.data import TokenizedData, batch_indices, collate, load_training_data
 from medusa_lite.training.draft_vocab import DraftVocab, choose_draft_vocab, measure_draft_vocab
+from medusa_lite.training.drafter_objective import states_width
 from medusa_lite.training.errors import NonFiniteLossError, TrainingDataError
 from medusa_lite.training.losses import IGNORE, HeadStats, gather_rows, head_targets
 from medusa_lite.training.objective import hidden_layers
@@ -262,17 +263,11 @@ def train_metrics(stats: HeadStats, loss_sum: float, steps: int, extra_sum: floa
 # -- hidden-state cache -------------------------------------------------------------------------
 
 
-def state_width(config: TrainConfig, hidden_size: int) -> int:
-    """Values per position a batch (and the cache) holds: ``hidden_size`` per layer of :func:`batch_layers`."""
-    layers = batch_layers(config)
-    return hidden_size * (1 if layers is None else len(layers))
-
-
 def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedData, log: RunLog):
     """Build (or reuse) the cache for train + held-out samples; return (cache, seconds spent building)."""
     samples = data.train + data.eval
     layers = batch_layers(config)
-    width = state_width(config, base_model.get_output_embeddings().weight.shape[1])
+    width = states_width(layers, base_model.get_output_embeddings().weight.shape[1])
     cache_dir = config.cache_dir()
     name = f"{getattr(base_model.config, '_name_or_path', '') or config.model} ({base_model.dtype})"
     fingerprint_value = hidden_cache.fingerprint(
@@ -487,7 +482,7 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     if config.precompute_hidden and hidden_cache.read_info(config.cache_dir()) is None:
         cache_bytes = hidden_cache.estimate_cache_bytes(
             data.train + data.eval,
-            state_width(config, heads.config.hidden_size),
+            states_width(batch_layers(config), heads.config.hidden_size),
             config.num_heads,
             config.drafter == "sequential",
         )
@@ -499,30 +494,23 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     with_teacher = config.distill_weight > 0
     sequential = config.drafter == "sequential"
-    train_source = BatchSource(
-        data.train,
-        base_for_batches,
-        config.num_heads,
-        with_teacher,
-        accelerator.device,
-        pad_id,
-        cache,
-        0,
-        sequential,
-        batch_layers(config),
-    )
-    eval_source = BatchSource(
-        data.eval,
-        base_for_batches,
-        config.num_heads,
-        with_teacher,
-        accelerator.device,
-        pad_id,
-        cache,
-        len(data.train),
-        sequential,
-        batch_layers(config),
-    )
+    layers = batch_layers(config)
+
+    def source_of(samples, offset: int) -> BatchSource:
+        return BatchSource(
+            samples,
+            base_for_batches,
+            config.num_heads,
+            with_teacher,
+            accelerator.device,
+            pad_id,
+            cache,
+            offset,
+            sequential,
+            layers,
+        )
+
+    train_source, eval_source = source_of(data.train, 0), source_of(data.eval, len(data.train))
 
     trainable = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)

@@ -12,7 +12,7 @@ from medusa_lite.dtypes import AUTO, parse_dtype
 from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaHeads
 from medusa_lite.loading import load_target
-from medusa_lite.model import MedusaModel, text_config
+from medusa_lite.model import MedusaModel, hidden_state_count
 from medusa_lite.training.checks import check_processes_connected
 from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
 from medusa_lite.training.drafter_objective import DrafterObjective, state_layers
@@ -114,7 +114,7 @@ def fresh_heads(
 def fresh_drafter(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None) -> SequentialDrafter:
     """A fresh sequential drafter sized like ``base_model``'s layers, unrolled ``config.num_heads`` depths."""
     draft_size = None if draft_token_ids is None else int(torch.as_tensor(draft_token_ids).numel())
-    states = text_config(base_model).num_hidden_layers + 1
+    states = hidden_state_count(base_model)
     if config.feature_layers is not None and max(config.feature_layers) >= states:
         raise TrainingConfigError(
             f"config: feature_layers {config.feature_layers} name hidden states the model does not have: it has "
