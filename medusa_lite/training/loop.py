@@ -429,6 +429,7 @@ def train(config: TrainConfig, *, resume: bool = False, push_to_hub: str | None 
         summary = make_summary(run, tokens_trained, run_tokens, step_seconds, final)
         heads_dir, adapter_dir = save_results(run, summary, output_dir)
         push_error = push(heads_dir, push_to_hub, run.log) if push_to_hub and accelerator.is_main_process else None
+        accelerator.wait_for_everyone()  # leave together: a rank tearing the process group down alone can abort
         return TrainResult(output_dir, heads_dir, adapter_dir, summary, run.log.history, push_error)
     finally:
         accelerator.end_training()  # closes trackers and the process group
