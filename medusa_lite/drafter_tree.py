@@ -143,9 +143,10 @@ def grow_candidates(
     top-``topk`` children.
 
     ``expansion_price``: expected tokens one more drafter forward must be able to buy. The nodes
-    below a frontier are together at most as likely as the frontier (a child's path probability
-    never exceeds its parent's), so the depths still to draft can add at most
-    ``frontier mass x depths left`` expected tokens; below the price drafting stops early.
+    of each depth below a frontier are together at most as likely as the frontier (a child's path
+    probability never exceeds its parent's), so each further depth adds at most ``frontier mass``
+    expected tokens for one forward's price: drafting stops where the frontier's mass is below the
+    price (drafting j more depths buys at most j x mass for j x price, whatever j).
     """
     candidates = Candidates([root_token], [0], [0], [0.0])
     k = min(topk, root.logits.shape[-1])
@@ -160,7 +161,7 @@ def grow_candidates(
     device = cache.keys.device
     for level in range(1, depth):
         frontier_mass = sum(math.exp(candidates.scores[node]) for node in frontier)
-        if frontier_mass * (depth - level) < expansion_price:
+        if frontier_mass < expansion_price:
             break
         ancestor_slots = []
         for node in frontier:

@@ -269,6 +269,6 @@ def test_drafting_stops_where_the_frontier_cannot_pay_for_another_forward():
 
         full = grown(0.0)
         first_mass = sum(math.exp(full.scores[node]) for node in range(1, 4))  # depth 1: the frontier before level 1
-        assert len(grown(3 * first_mass * 1.01).tokens) == 1 + 3, "depth 1 only: 3 depths left could not pay"
-        assert len(grown(3 * first_mass * 0.99).tokens) > 1 + 3, "just under the price it drafts deeper"
+        assert len(grown(first_mass * 1.01).tokens) == 1 + 3, "depth 1 only: the next depth could not pay"
+        assert len(grown(first_mass * 0.99).tokens) > 1 + 3, "just under the price it drafts deeper"
         assert grown(0.0).tokens == full.tokens, "no price: every depth, as before"
