@@ -415,7 +415,7 @@ def drafter_proposer_for(
     draft_lm_head = None if ids is None else DraftLMHead(lm_head, ids)
     backend = prepack_backend(model.base_model)
     if backend is not None:
-        prepack_linears(drafter, spec.packed_rows(), backend)
+        prepack_linears(drafter, spec.packed_rows(), backend, min_rows=1)
     if backend == ROW_GEMM and draft_lm_head is not None:
         draft_lm_head.pack_for_few_rows(spec.packed_rows())
     spec = replace(spec, draft_lm_head=draft_lm_head)

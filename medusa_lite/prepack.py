@@ -163,14 +163,14 @@ class PrepackedLinear(nn.Linear):
     usual path: still correct, no longer faster (pack again).
     """
 
-    def __init__(self, linear: nn.Linear, rows: int, backend: str = ONEDNN):
+    def __init__(self, linear: nn.Linear, rows: int, backend: str = ONEDNN, min_rows: int = MIN_PACKED_ROWS):
         if backend not in BACKENDS:
             raise ValueError(f"unknown prepack backend {backend!r}: one of {BACKENDS}")
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.rows, self.backend = rows, backend
-        self.min_rows = MIN_PACKED_ROWS  # fewer rows take the usual path (see ``packed_from_rows``)
+        self.min_rows = min_rows  # fewer rows take the usual path (see ``packed_from_rows``)
         self.packed_weight = packed_copy(linear.weight, backend)
         self.packed_from = weight_signature(linear.weight)
 
@@ -208,8 +208,11 @@ def linear_children(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     ]
 
 
-def prepack_linears(model: nn.Module, rows: int, backend: str | None = None) -> int:
-    """Pack every linear layer of ``model`` for inputs of up to ``rows`` rows, in place; returns how many.
+def prepack_linears(model: nn.Module, rows: int, backend: str | None = None, min_rows: int = MIN_PACKED_ROWS) -> int:
+    """Pack every linear layer of ``model`` for inputs of ``min_rows`` to ``rows`` rows, in place; returns how many.
+
+    ``min_rows`` 1 sends one-row inputs through the packed path too: for a drafter, whose guesses need not match
+    plain decoding bit for bit (a target keeps the default, so that one-token steps stay PyTorch's own).
 
     ``backend``: ``"row_gemm"`` or ``"onednn"``; None: :func:`default_backend`. Packing again
     replaces earlier packed copies; ``rows`` below ``MIN_PACKED_ROWS`` unpacks. Raises
@@ -229,7 +232,7 @@ def prepack_linears(model: nn.Module, rows: int, backend: str | None = None) -> 
     layers = linear_children(model)
     for parent, name, layer in layers:
         plain = unpacked(layer)
-        setattr(parent, name, PrepackedLinear(plain, rows, backend) if packs else plain)
+        setattr(parent, name, PrepackedLinear(plain, rows, backend, min_rows) if packs else plain)
     return len(layers) if packs else 0
 
 

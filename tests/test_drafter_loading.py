@@ -99,3 +99,18 @@ def test_the_drafter_multiplies_through_the_targets_onednn_path_and_stays_exact(
     prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(6))
     out = generate(model, prompt, 30, eos_token_id=[])
     assert torch.equal(out.sequences, plain_greedy(base, prompt, 30, eos_token_id=None))
+
+
+def test_the_drafters_one_row_products_take_the_packed_path_and_the_targets_do_not(folders):
+    """One-token steps of the target stay PyTorch's own (plain decoding bit for bit); the drafter's guesses
+    need not, so its one-row products (a step that commits one pair, a frontier of one node) are packed too."""
+    target, drafter_folder, _ = folders
+    model, _ = load(target, heads=drafter_folder, tree=POLICY, datastore=False, prepack=True)
+    (proposer,) = [p for p in model.proposers if isinstance(p, SequentialDrafterProposer)]
+    drafter_layers = [m for m in proposer.drafter.modules() if isinstance(m, prepack.PrepackedLinear)]
+    target_layers = [m for m in model.base_model.modules() if isinstance(m, prepack.PrepackedLinear)]
+    assert drafter_layers and target_layers
+    with torch.inference_mode():  # as decoding runs
+        assert all(layer.packed_path_applies(torch.zeros(1, layer.in_features)) for layer in drafter_layers)
+        assert not any(layer.packed_path_applies(torch.zeros(1, layer.in_features)) for layer in target_layers)
+        assert all(layer.packed_path_applies(torch.zeros(2, layer.in_features)) for layer in target_layers)
