@@ -26,6 +26,7 @@ import dataclasses
 import json
 import math
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
@@ -65,7 +66,19 @@ def target_features(base, samples, layers: list[int], batch_size: int) -> tuple[
 
 def train(drafter, samples, states, embed, lm_head, args) -> list[float]:
     objective = DrafterObjective(drafter, lm_head, embed, LossSettings(weights=[0.8**d for d in range(1, 6)]))
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=args.learning_rate, weight_decay=0.0)
+    return train_steps(
+        drafter,
+        lambda hidden, batch: objective(hidden, batch["input_ids"], batch["loss_mask"])[0],
+        samples,
+        states,
+        args,
+    )
+
+
+def train_steps(model, step_loss, samples, states, args, label: str = "") -> list[float]:
+    """``args.steps`` steps of ``args.batch_size`` sequences in order: AdamW, a 10% warm-up then cosine, clipped
+    gradients, bf16 autocast where ``args.bf16``. ``step_loss(hidden, batch)`` -> the loss of one batch."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
     warmup = max(1, args.steps // 10)
 
     def schedule(step: int) -> float:
@@ -78,16 +91,69 @@ def train(drafter, samples, states, embed, lm_head, args) -> list[float]:
     for step in range(args.steps):
         hidden, batch = batch_of(samples, states, list(range(step * args.batch_size, (step + 1) * args.batch_size)))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss, _ = objective(hidden, batch["input_ids"], batch["loss_mask"])
+            loss = step_loss(hidden, batch)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad()
         losses.append(loss.item())
         if (step + 1) % 25 == 0:
-            print(f"step {step + 1}/{args.steps} loss {mean(losses[-25:]):.3f}", flush=True)
+            print(f"{label}step {step + 1}/{args.steps} loss {mean(losses[-25:]):.3f}", flush=True)
     return losses
+
+
+@dataclass
+class SideBySide:
+    """What drafters trained side by side share: the target, the sequences, their features, the draft vocabulary."""
+
+    base: torch.nn.Module
+    dtype: torch.dtype
+    samples: list
+    held_out: list
+    layers: list[int]
+    finals: list  # per training sequence: the target's final hidden state [T, H]
+    chosen: list  # ... and its ``layers``' hidden states [T, k*H]
+    eval_finals: list
+    eval_chosen: list
+    draft_ids: torch.Tensor  # the recipe's draft vocabulary
+    feature_seconds: float
+
+
+def side_by_side_inputs(args, layers: list[int] | None = None) -> SideBySide:
+    """The first ``args.steps x args.batch_size`` sequences of the drafter recipe's training split (shuffled with
+    ``args.seed``) and its first ``args.eval`` held-out ones, with the target's features (``layers`` None: 2, L/2
+    and L-3); the target in bfloat16 where the CPU has bfloat16 matrix units (then ``args.bf16``), else float32."""
+    args.bf16 = has_bf16_matrix_units()
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
+    base, tokenizer = load_target(None, dtype, "cpu", attn_implementation="sdpa")
+    base.eval().requires_grad_(False)
+    num_layers = base.config.num_hidden_layers
+    layers = layers or [2, num_layers // 2, num_layers - 3]
+    data = config_split(DRAFTER_CONFIG, tokenizer)
+    order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(args.seed)).tolist()
+    samples = [data.train[i] for i in order[: args.steps * args.batch_size]]
+    held_out = data.eval[: args.eval]
+    tick = time.perf_counter()
+    finals, chosen = target_features(base, samples, layers, 8)
+    eval_finals, eval_chosen = target_features(base, held_out, layers, 8)
+    feature_seconds = time.perf_counter() - tick
+    print(f"target features of {len(samples) + len(held_out)} sequences in {feature_seconds:.0f} s", flush=True)
+    recipe = load_config(DRAFTER_CONFIG)
+    draft_ids = choose_draft_vocab(data.train, data.eval, base.config.vocab_size, recipe.draft_vocab_size).token_ids
+    return SideBySide(
+        base,
+        dtype,
+        samples,
+        held_out,
+        layers,
+        finals,
+        chosen,
+        eval_finals,
+        eval_chosen,
+        torch.as_tensor(draft_ids),
+        feature_seconds,
+    )
 
 
 def main() -> None:
@@ -104,24 +170,10 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    args.bf16 = has_bf16_matrix_units()
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    base, tokenizer = load_target(None, dtype, "cpu", attn_implementation="sdpa")
-    base.eval().requires_grad_(False)
-    num_layers = base.config.num_hidden_layers
-    layers = args.layers or [2, num_layers // 2, num_layers - 3]
-    data = config_split(DRAFTER_CONFIG, tokenizer)
-    order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    samples = [data.train[i] for i in order[: args.steps * args.batch_size]]
-    held_out = data.eval[: args.eval]
-    tick = time.perf_counter()
-    finals, chosen = target_features(base, samples, layers, 8)
-    eval_finals, eval_chosen = target_features(base, held_out, layers, 8)
-    feature_seconds = time.perf_counter() - tick
-    print(f"target features of {len(samples) + len(held_out)} sequences in {feature_seconds:.0f} s", flush=True)
-
+    inputs = side_by_side_inputs(args, args.layers)
+    base, layers, samples, held_out = inputs.base, inputs.layers, inputs.samples, inputs.held_out
+    finals, chosen, eval_finals, eval_chosen = inputs.finals, inputs.chosen, inputs.eval_finals, inputs.eval_chosen
     recipe = load_config(DRAFTER_CONFIG)
-    draft_ids = choose_draft_vocab(data.train, data.eval, base.config.vocab_size, recipe.draft_vocab_size).token_ids
     config = DrafterConfig.for_model(base, depth=recipe.num_heads, draft_vocab_size=recipe.draft_vocab_size)
     config.base_model_name_or_path = DEFAULT_MODEL_NAME
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
@@ -137,7 +189,7 @@ def main() -> None:
     for name, (fresh, states, eval_states) in variants.items():
         torch.manual_seed(args.seed)
         drafter = fresh().float()
-        drafter.set_draft_vocab(draft_ids)
+        drafter.set_draft_vocab(inputs.draft_ids)
         tick = time.perf_counter()
         losses = train(drafter, samples, states, embed, lm_head, args)
         seconds = time.perf_counter() - tick
@@ -159,8 +211,8 @@ def main() -> None:
                 "chain_top1_accuracy": held["chain_top1"],
             }
             drafter.save_pretrained(args.save / name)
-    results["feature_seconds"] = round(feature_seconds, 1)
-    results["machine"] = machine_info(dtype)
+    results["feature_seconds"] = round(inputs.feature_seconds, 1)
+    results["machine"] = machine_info(inputs.dtype)
     results["seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")

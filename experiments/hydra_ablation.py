@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import time
 from pathlib import Path
 from statistics import mean
@@ -39,19 +38,14 @@ from statistics import mean
 import torch
 from torch import nn
 
-from common import DRAFTER_CONFIG, config_split
-from drafter_multilayer import target_features
+from drafter_multilayer import side_by_side_inputs, train_steps
 from drafter_vs_heads_short import accuracy, batch_of, evaluate_drafter
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.heads import MedusaConfig, MedusaHeads, ResBlock, draft_rows
-from medusa_lite.loading import load_target
 from medusa_lite.measure import machine_info
-from medusa_lite.training.config import load_config
-from medusa_lite.training.draft_vocab import choose_draft_vocab
 from medusa_lite.training.drafter_objective import DrafterObjective
 from medusa_lite.training.losses import IGNORE, head_loss, head_targets, to_draft_targets
 from medusa_lite.training.objective import LossSettings
-from medusa_lite.training.setup import has_bf16_matrix_units
 
 VARIANTS = ("medusa", "hydra", "drafter", "drafter_layers")
 
@@ -129,29 +123,7 @@ def make_trainer(kind: str, model: nn.Module, embed: nn.Module, lm_head: nn.Modu
 
 def train(kind, model, samples, states, embed, lm_head, args) -> list[float]:
     step_loss = make_trainer(kind, model, embed, lm_head, [0.8**d for d in range(1, args.depth + 1)])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=0.0)
-    warmup = max(1, args.steps // 10)
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, args.steps - warmup)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    losses = []
-    for step in range(args.steps):
-        hidden, batch = batch_of(samples, states, list(range(step * args.batch_size, (step + 1) * args.batch_size)))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
-            loss = step_loss(hidden, batch)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-        if (step + 1) % 25 == 0:
-            print(f"{kind} step {step + 1}/{args.steps} loss {mean(losses[-25:]):.3f}", flush=True)
-    return losses
+    return train_steps(model, step_loss, samples, states, args, label=f"{kind} ")
 
 
 @torch.no_grad()
@@ -205,25 +177,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    args.bf16 = has_bf16_matrix_units()
-    dtype = torch.bfloat16 if args.bf16 else torch.float32
-    base, tokenizer = load_target(None, dtype, "cpu", attn_implementation="sdpa")
-    base.eval().requires_grad_(False)
-    data = config_split(DRAFTER_CONFIG, tokenizer)
-    order = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(args.seed)).tolist()
-    samples = [data.train[i] for i in order[: args.steps * args.batch_size]]
-    held_out = data.eval[: args.eval]
-    num_layers = base.config.num_hidden_layers
-    layers = [2, num_layers // 2, num_layers - 3]
-    tick = time.perf_counter()
-    finals, chosen = target_features(base, samples, layers, 8)
-    eval_finals, eval_chosen = target_features(base, held_out, layers, 8)
-    feature_seconds = time.perf_counter() - tick
-    print(f"target features of {len(samples) + len(held_out)} sequences in {feature_seconds:.0f} s", flush=True)
-
-    recipe = load_config(DRAFTER_CONFIG)
-    draft_ids = choose_draft_vocab(data.train, data.eval, base.config.vocab_size, recipe.draft_vocab_size).token_ids
-    draft_ids = torch.as_tensor(draft_ids)
+    inputs = side_by_side_inputs(args)
+    base, layers, samples, held_out = inputs.base, inputs.layers, inputs.samples, inputs.held_out
     embed, lm_head = base.get_input_embeddings(), base.get_output_embeddings()
     results = {
         "steps": args.steps,
@@ -237,8 +192,10 @@ def main() -> None:
     }
     for kind in args.variants:
         torch.manual_seed(args.seed)
-        model = fresh_model(kind, base, args.depth, draft_ids, layers).float()
-        states, eval_states = (chosen, eval_chosen) if kind == "drafter_layers" else (finals, eval_finals)
+        model = fresh_model(kind, base, args.depth, inputs.draft_ids, layers).float()
+        states, eval_states = (
+            (inputs.chosen, inputs.eval_chosen) if kind == "drafter_layers" else (inputs.finals, inputs.eval_finals)
+        )
         tick = time.perf_counter()
         losses = train(kind, model, samples, states, embed, lm_head, args)
         seconds = time.perf_counter() - tick
@@ -257,8 +214,8 @@ def main() -> None:
             "train_seconds": round(seconds, 1),
         }
         print(kind, json.dumps(results["variants"][kind]), flush=True)
-    results["feature_seconds"] = round(feature_seconds, 1)
-    results["machine"] = machine_info(dtype)
+    results["feature_seconds"] = round(inputs.feature_seconds, 1)
+    results["machine"] = machine_info(inputs.dtype)
     results["seconds"] = round(time.perf_counter() - started, 1)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
