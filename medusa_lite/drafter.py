@@ -37,6 +37,7 @@ rows of the earlier depths, exactly as decoding does along a drafted path.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,12 +180,17 @@ class DrafterConfig:
         return cls(**values)
 
 
+@functools.cache
+def inverse_frequencies(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """Rotary frequencies [head_dim / 2]: computed once per shape and device, not at every drafted depth."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=device) / head_dim))
+
+
 def rotary(
     positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(cos, sin) [..., head_dim] of rotary embeddings at ``positions`` (Llama's half-split layout)."""
-    inverse = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device=positions.device) / head_dim))
-    angles = positions.float()[..., None] * inverse
+    angles = positions.float()[..., None] * inverse_frequencies(head_dim, theta, positions.device)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
@@ -397,8 +403,20 @@ def holds_drafter(source) -> bool:
 
 # -- attention -----------------------------------------------------------------------------------
 def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """Attention of q [heads, n, dim] over keys/values [kv_heads, m, dim] where ``allowed`` [n, m] (bool)."""
-    return F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed, enable_gqa=q.shape[-3] != keys.shape[-3])
+    """Attention of q [heads, n, dim] over keys/values [kv_heads, m, dim] where ``allowed`` [n, m] (bool).
+
+    Query head h reads key/value head h // (heads / kv_heads), as grouped-query attention does; the
+    groups' queries are stacked [kv_heads, group * n, dim] so that one product serves each key head
+    (PyTorch's SDPA with grouped heads and a mask takes its generic path on CPU: 1.35x this time for a
+    drafted depth's 4 rows over 134 keys on a 2-core AVX2 EPYC).
+    """
+    heads, n, dim = q.shape
+    kv_heads, m = keys.shape[0], keys.shape[1]
+    group = heads // kv_heads
+    scores = (q.reshape(kv_heads, group * n, dim) @ keys.transpose(-1, -2)) * dim**-0.5
+    blocked = ~allowed.expand(group, n, m).reshape(group * n, m)
+    weights = scores.masked_fill(blocked, torch.finfo(scores.dtype).min).softmax(dim=-1)
+    return (weights @ values).reshape(heads, n, dim)
 
 
 def causal_plus_own_attention(

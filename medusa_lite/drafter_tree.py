@@ -116,9 +116,10 @@ def expand_nodes(
     m, committed, drafted = features.shape[0], cache.length, draft_keys.shape[-2]
     allowed = torch.zeros(m, committed + drafted + m, dtype=torch.bool, device=features.device)
     allowed[:, :committed] = True
-    for row, slots in enumerate(ancestor_slots):
-        allowed[row, [committed + s for s in slots]] = True
-        allowed[row, committed + drafted + row] = True
+    rows = [row for row, slots in enumerate(ancestor_slots) for _ in slots] + list(range(m))
+    columns = [committed + s for slots in ancestor_slots for s in slots]
+    columns += [committed + drafted + row for row in range(m)]
+    allowed[rows, columns] = True  # each row's expanded ancestors, and itself
 
     def attend(q, k, v):
         keys = torch.cat([cache.keys, draft_keys, k], dim=-2)

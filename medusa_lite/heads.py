@@ -269,16 +269,17 @@ class DraftLMHead(nn.Module):
         self.packed_from: tuple | None = None
         self.packed_rows = 0
 
-    def pack_for_few_rows(self, rows: int) -> None:
+    def pack_for_few_rows(self, rows: int, dtype: torch.dtype = torch.float32) -> None:
         """Multiply inputs of up to ``rows`` rows (a step's heads) through medusa_lite's row_gemm kernel.
 
         The heads' few rows then read the D x H weights once, at the kernel's speed: on a 2-core
         AMD EPYC PyTorch's float32 product of 4 rows by 8192 x 576 weights took ~3 ms a step.
         Float32 CPU weights only; the packed copy is used only while the weights are the very
         tensor, version, dtype and device it was packed from (else the usual path, as
-        :class:`~medusa_lite.prepack.PrepackedLinear`).
+        :class:`~medusa_lite.prepack.PrepackedLinear`). ``dtype`` bfloat16: a packed copy of half the
+        bytes (:func:`~medusa_lite.kernels.pack_for_row_gemm`), for guesses that need not match float32's.
         """
-        self.packed_weight = pack_for_row_gemm(self.weight)
+        self.packed_weight = pack_for_row_gemm(self.weight, dtype=dtype)
         self.packed_from, self.packed_rows = weight_signature(self.weight), rows
 
     def packed_path_applies(self, hidden: torch.Tensor) -> bool:

@@ -60,6 +60,10 @@ from medusa_lite.values import as_integer
 
 DEFAULT_HEADS_DIR = Path(__file__).resolve().parent / "assets" / "smollm2-135m-heads"
 TREE_FILE_FORMAT = "medusa-lite-tree/1"
+# The drafter's weights, packed for the row_gemm kernel, are rounded to bfloat16: it reads them once per
+# drafted depth every step, and half the bytes lets them stay in the last-level cache between those forwards
+# (docs/results.md: the drafter's cost). Its guesses change by that rounding only; acceptance stays exact.
+DRAFTER_PACKED_DTYPE = torch.bfloat16
 # SDPA that keeps grouped-query keys/values unexpanded under the tree mask on CPU (medusa_lite.attention).
 ATTN_IMPLEMENTATION = TREE_SDPA
 
@@ -402,11 +406,11 @@ def drafter_proposer_for(
     price_here: bool = True,
     topk: int = DEFAULT_DRAFTER_TOPK,
 ) -> SequentialDrafterProposer:
-    """The drafter ready to decode with ``model``: on its device and dtype, its few-row products on the target's
-    packed path, expanding ``topk`` nodes a depth and adding up to
-    ``policy.max_nodes - 1`` nodes a step, each step sized and gated by the policy's ``tokens_per_cost`` and step
-    costs: this machine's, measured for the verified rows and the drafter's own work (:func:`priced_here`), unless
-    ``price_here`` is False (the policy's own costs)."""
+    """The drafter ready to decode with ``model``: on its device and dtype, its few-row products on the
+    target's packed path (on row_gemm's, from weights packed in :data:`DRAFTER_PACKED_DTYPE`), expanding
+    ``topk`` nodes a depth and adding up to ``policy.max_nodes - 1`` nodes a step, each step sized and gated
+    by the policy's ``tokens_per_cost`` and step costs: this machine's, measured for the verified rows and the
+    drafter's own work (:func:`priced_here`), unless ``price_here`` is False (the policy's own costs)."""
     check_drafter_fits(model, drafter)
     lm_head = model.base_model.get_output_embeddings()
     drafter.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
@@ -414,10 +418,11 @@ def drafter_proposer_for(
     ids = drafter.draft_token_ids
     draft_lm_head = None if ids is None else DraftLMHead(lm_head, ids)
     backend = prepack_backend(model.base_model)
+    packed_dtype = DRAFTER_PACKED_DTYPE if backend == ROW_GEMM else torch.float32
     if backend is not None:
-        prepack_linears(drafter, spec.packed_rows(), backend, min_rows=1)
+        prepack_linears(drafter, spec.packed_rows(), backend, min_rows=1, packed_dtype=packed_dtype)
     if backend == ROW_GEMM and draft_lm_head is not None:
-        draft_lm_head.pack_for_few_rows(spec.packed_rows())
+        draft_lm_head.pack_for_few_rows(spec.packed_rows(), packed_dtype)
     spec = replace(spec, draft_lm_head=draft_lm_head)
     return replace(spec, costs=priced_here(model, policy, drafter_proposal(spec, model)) if price_here else policy)
 

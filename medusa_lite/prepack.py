@@ -148,9 +148,10 @@ def packed_copy_applies(
     )
 
 
-def packed_copy(weight: torch.Tensor, backend: str) -> torch.Tensor | None:
-    """row_gemm: one packed copy for any row count; oneDNN: none (it reads the weight as it is)."""
-    return pack_for_row_gemm(weight) if backend == ROW_GEMM else None
+def packed_copy(weight: torch.Tensor, backend: str, dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    """row_gemm: one packed copy for any row count, in ``dtype`` (float32 or bfloat16); oneDNN: none (it reads
+    the weight as it is)."""
+    return pack_for_row_gemm(weight, dtype=dtype) if backend == ROW_GEMM else None
 
 
 class PrepackedLinear(nn.Linear):
@@ -161,17 +162,30 @@ class PrepackedLinear(nn.Linear):
     while the weight is the very tensor, version, dtype and device it was packed from. After any
     change to the weight (loading, in-place updates, a dtype or device move) every input takes the
     usual path: still correct, no longer faster (pack again).
+
+    ``packed_dtype`` bfloat16 (row_gemm only): the packed copy holds the weights rounded to bfloat16,
+    half the bytes to read; its products then differ from float32's by that rounding, so only for a
+    model whose outputs need not match float32's bit for bit (a drafter's guesses).
     """
 
-    def __init__(self, linear: nn.Linear, rows: int, backend: str = ONEDNN, min_rows: int = MIN_PACKED_ROWS):
+    def __init__(
+        self,
+        linear: nn.Linear,
+        rows: int,
+        backend: str = ONEDNN,
+        min_rows: int = MIN_PACKED_ROWS,
+        packed_dtype: torch.dtype = torch.float32,
+    ):
         if backend not in BACKENDS:
             raise ValueError(f"unknown prepack backend {backend!r}: one of {BACKENDS}")
+        if packed_dtype != torch.float32 and backend != ROW_GEMM:
+            raise ValueError(f"only the row_gemm backend packs to {packed_dtype}; {backend!r} reads float32 weights")
         nn.Module.__init__(self)
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
         self.rows, self.backend = rows, backend
         self.min_rows = min_rows  # fewer rows take the usual path (see ``packed_from_rows``)
-        self.packed_weight = packed_copy(linear.weight, backend)
+        self.packed_weight = packed_copy(linear.weight, backend, packed_dtype)
         self.packed_from = weight_signature(linear.weight)
 
     def packed_path_applies(self, inputs: torch.Tensor) -> bool:
@@ -186,7 +200,8 @@ class PrepackedLinear(nn.Linear):
         return output.reshape(*inputs.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, packed_rows={self.rows}, backend={self.backend}"
+        packed = "" if self.packed_weight is None else f", packed_dtype={dtype_name(self.packed_weight.dtype)}"
+        return f"{super().extra_repr()}, packed_rows={self.rows}, backend={self.backend}{packed}"
 
 
 def unpacked(linear: nn.Linear) -> nn.Linear:
@@ -208,11 +223,19 @@ def linear_children(model: nn.Module) -> list[tuple[nn.Module, str, nn.Linear]]:
     ]
 
 
-def prepack_linears(model: nn.Module, rows: int, backend: str | None = None, min_rows: int = MIN_PACKED_ROWS) -> int:
+def prepack_linears(
+    model: nn.Module,
+    rows: int,
+    backend: str | None = None,
+    min_rows: int = MIN_PACKED_ROWS,
+    packed_dtype: torch.dtype = torch.float32,
+) -> int:
     """Pack every linear layer of ``model`` for inputs of ``min_rows`` to ``rows`` rows, in place; returns how many.
 
-    ``min_rows`` 1 sends one-row inputs through the packed path too: for a drafter, whose guesses need not match
-    plain decoding bit for bit (a target keeps the default, so that one-token steps stay PyTorch's own).
+    ``min_rows`` 1 sends one-row inputs through the packed path too, and ``packed_dtype`` bfloat16
+    (row_gemm only) reads half the bytes: both for a drafter, whose guesses need not match plain
+    decoding bit for bit (a target keeps the defaults, so that one-token steps stay PyTorch's own
+    and every product float32's).
 
     ``backend``: ``"row_gemm"`` or ``"onednn"``; None: :func:`default_backend`. Packing again
     replaces earlier packed copies; ``rows`` below ``MIN_PACKED_ROWS`` unpacks. Raises
@@ -232,7 +255,7 @@ def prepack_linears(model: nn.Module, rows: int, backend: str | None = None, min
     layers = linear_children(model)
     for parent, name, layer in layers:
         plain = unpacked(layer)
-        setattr(parent, name, PrepackedLinear(plain, rows, backend, min_rows) if packs else plain)
+        setattr(parent, name, PrepackedLinear(plain, rows, backend, min_rows, packed_dtype) if packs else plain)
     return len(layers) if packs else 0
 
 

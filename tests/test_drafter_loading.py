@@ -114,3 +114,9 @@ def test_the_drafters_one_row_products_take_the_packed_path_and_the_targets_do_n
         assert all(layer.packed_path_applies(torch.zeros(1, layer.in_features)) for layer in drafter_layers)
         assert not any(layer.packed_path_applies(torch.zeros(1, layer.in_features)) for layer in target_layers)
         assert all(layer.packed_path_applies(torch.zeros(2, layer.in_features)) for layer in target_layers)
+    # on row_gemm the drafter reads half the bytes (bfloat16 copies); the target's products stay float32's
+    packed_dtypes = {layer.packed_weight.dtype for layer in drafter_layers if layer.packed_weight is not None}
+    if prepack.prepack_backend(model.base_model) == prepack.ROW_GEMM:
+        assert packed_dtypes == {torch.bfloat16}
+        assert proposer.draft_lm_head is None or proposer.draft_lm_head.packed_weight.dtype == torch.bfloat16
+        assert {layer.packed_weight.dtype for layer in target_layers} == {torch.float32}

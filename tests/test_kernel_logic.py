@@ -81,17 +81,40 @@ def test_kernel_packs_and_multiplies_like_the_reference(variant, out_features, i
         )
 
 
+@pytest.mark.parametrize("variant", list(VARIANT_BLOCKING))
+@pytest.mark.parametrize("out_features, in_features", SHAPES)
+def test_kernel_multiplies_a_bfloat16_packed_copy_like_the_reference_of_its_rounded_weights(
+    variant, out_features, in_features
+):
+    """The bfloat16 copy is the float32 packing rounded to nearest even, and the kernel widens each value exactly:
+    its products are float32 products by the rounded weights."""
+    reason = kernels.variant_unavailable_reason(variant)
+    if reason is not None:
+        pytest.skip(f"row_gemm {variant} variant unavailable: {reason}")
+    block_cols, max_rows = VARIANT_BLOCKING[variant]
+    generator = torch.Generator().manual_seed(out_features + 3 * in_features)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    packed = kernels.pack_for_row_gemm(weight, variant, dtype=torch.bfloat16)
+    assert packed.dtype == torch.bfloat16
+    assert torch.equal(packed, pack_reference(weight, block_cols).to(torch.bfloat16))
+    rounded = weight.to(torch.bfloat16).float()
+    for rows in ROWS:
+        inputs = torch.randn(rows, in_features, generator=generator)
+        output = kernels.row_gemm(inputs, packed, out_features, variant)
+        assert_within_rounding(output, inputs, rounded)  # not within it of the float32 weights' products
+
+
 @pytest.fixture
 def reference_kernel(monkeypatch) -> list[int]:
     """The reference stands in for the compiled kernel wherever medusa_lite calls it; records the rows multiplied."""
     calls: list[int] = []
 
-    def pack(weight: torch.Tensor) -> torch.Tensor:
-        return pack_reference(weight.detach().float(), BLOCK_COLS)
+    def pack(weight: torch.Tensor, variant=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return pack_reference(weight.detach().float(), BLOCK_COLS).to(dtype)
 
     def multiply(inputs: torch.Tensor, packed: torch.Tensor, out_features: int) -> torch.Tensor:
         calls.append(inputs.shape[0])
-        return row_gemm_reference(inputs.contiguous(), packed, out_features, BLOCK_COLS, MAX_ROWS)
+        return row_gemm_reference(inputs.contiguous(), packed.float(), out_features, BLOCK_COLS, MAX_ROWS)
 
     monkeypatch.setattr(prepack, "pack_for_row_gemm", pack)
     monkeypatch.setattr(prepack, "row_gemm", multiply)
@@ -139,6 +162,21 @@ def test_greedy_on_a_reference_packed_model_matches_plain_greedy(reference_kerne
     with prepack.packed_from_rows(base, 1):  # one-token decoding through the kernel too
         assert torch.equal(plain_greedy(base, prompt, 20), expected)
     assert 1 in reference_kernel, "one-row decoding never took the packed path"
+
+
+def test_a_bfloat16_packed_linear_multiplies_by_its_rounded_weights_on_the_reference(reference_kernel):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(37, 50)
+    packed = prepack.PrepackedLinear(linear, PACKED_ROWS, prepack.ROW_GEMM, min_rows=1, packed_dtype=torch.bfloat16)
+    assert packed.packed_weight.dtype == torch.bfloat16 and "packed_dtype=bfloat16" in repr(packed)
+    rounded = linear.weight.detach().to(torch.bfloat16).float()
+    inputs = torch.randn(5, 37, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(inputs), F.linear(inputs, rounded, linear.bias), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(packed(inputs), linear(inputs), rtol=1e-5, atol=1e-5)
+    assert reference_kernel == [5, 5]
+    with pytest.raises(ValueError, match="only the row_gemm backend packs to torch.bfloat16"):
+        prepack.PrepackedLinear(linear, PACKED_ROWS, prepack.ONEDNN, packed_dtype=torch.bfloat16)
 
 
 def test_draft_lm_head_on_the_reference(reference_kernel):

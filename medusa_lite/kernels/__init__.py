@@ -48,6 +48,8 @@ AUTO, OFF, AVX512, AVX2 = "auto", "off", "avx512", "avx2"
 VARIANT_FLAGS = {AVX512: ("-mavx512f", "-mfma"), AVX2: ("-mavx2", "-mfma")}
 VARIANT_CAPABILITIES = {AVX512: ("AVX512", "AMX"), AVX2: ("AVX2", "AVX512", "AMX")}
 KERNEL_CHOICES = (AUTO, OFF, *VARIANT_FLAGS)
+# What a packed copy may hold: float32, or bfloat16 (half the bytes; see row_gemm.c).
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class KernelBuildError(RuntimeError):
@@ -150,6 +152,7 @@ def loaded_library(variant: str) -> ctypes.CDLL:
         raise KernelBuildError(f"cannot load {path}: {error}") from error
     pointers, sizes, threads = [ctypes.c_void_p] * 3, [ctypes.c_long] * 3, [ctypes.c_int]
     library.row_gemm.argtypes, library.row_gemm.restype = pointers + sizes + threads, None
+    library.row_gemm_bf16.argtypes, library.row_gemm_bf16.restype = pointers + sizes + threads, None
     library.row_gemm_pack.argtypes, library.row_gemm_pack.restype = pointers[:2] + sizes[:2] + threads, None
     library.row_gemm_block_cols.restype = library.row_gemm_max_rows.restype = ctypes.c_long
     return library
@@ -224,13 +227,22 @@ def variant_block_columns(variant: str) -> int:
 
 
 def packed_size(out_features: int, in_features: int, variant: str | None = None) -> int:
-    """Floats in a packed copy: whole column blocks (the last one zero-padded)."""
+    """Values in a packed copy: whole column blocks (the last one zero-padded)."""
     cols = block_columns(variant)
     return -(-out_features // cols) * cols * in_features
 
 
-def pack_for_row_gemm(weight: torch.Tensor, variant: str | None = None) -> torch.Tensor:
-    """A float32 CPU weight [N, K] re-laid out in column blocks for :func:`row_gemm` (a new tensor)."""
+def pack_for_row_gemm(
+    weight: torch.Tensor, variant: str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A float32 CPU weight [N, K] re-laid out in column blocks for :func:`row_gemm` (a new tensor).
+
+    ``dtype`` :data:`PACKED_DTYPES`: float32 (products as ``F.linear``'s, up to summation order) or
+    bfloat16 (each weight rounded to nearest even: half the bytes to read, for callers whose
+    outputs need not match float32's, such as a drafter's guesses).
+    """
+    if dtype not in PACKED_DTYPES:
+        raise ValueError(f"row_gemm packs to one of {PACKED_DTYPES}, not {dtype}")
     if weight.dtype != torch.float32 or weight.device.type != "cpu" or weight.dim() != 2:
         raise ValueError(
             f"row_gemm packs 2-D float32 CPU weights, got {tuple(weight.shape)} {weight.dtype} on {weight.device}"
@@ -241,7 +253,7 @@ def pack_for_row_gemm(weight: torch.Tensor, variant: str | None = None) -> torch
     row_gemm_library(variant).row_gemm_pack(
         weight.data_ptr(), packed.data_ptr(), out_features, in_features, torch.get_num_threads()
     )
-    return packed
+    return packed.to(dtype)
 
 
 def row_gemm(
@@ -250,21 +262,24 @@ def row_gemm(
     """``inputs`` [R, K] (float32, CPU) @ the packed weight's transpose -> [R, out_features].
 
     ``variant``: the one ``packed`` was packed for (None: this process's, as :func:`pack_for_row_gemm` uses).
+    ``packed``'s dtype (float32 or bfloat16) chooses the kernel.
     """
     inputs = inputs.contiguous()
     rows, in_features = inputs.shape
     if (
         inputs.dtype != torch.float32
         or inputs.device.type != "cpu"
+        or packed.dtype not in PACKED_DTYPES
         or packed.numel() != packed_size(out_features, in_features, variant)
     ):
         raise ValueError(
             f"row_gemm: inputs {tuple(inputs.shape)} {inputs.dtype} on {inputs.device} do not fit a packed "
-            f"weight of {packed.numel()} floats for {out_features} outputs"
+            f"weight of {packed.numel()} {packed.dtype} values for {out_features} outputs"
         )
     output = torch.empty(rows, out_features, dtype=torch.float32)
     library = row_gemm_library(variant)
-    library.row_gemm(
+    product = library.row_gemm if packed.dtype == torch.float32 else library.row_gemm_bf16
+    product(
         inputs.data_ptr(),
         packed.data_ptr(),
         output.data_ptr(),
