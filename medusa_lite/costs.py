@@ -41,8 +41,9 @@ from medusa_lite.prepack import prepack_layout
 from medusa_lite.tree import Tree
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 
-COSTS_FORMAT = "medusa-lite-costs/5"  # /2: heads_cost became proposal_cost; /3: the key's prepack layout; /4: oneDNN;
-# /5: the drafter's one-row products packed, and its drafting stopped sooner
+COSTS_FORMAT = "medusa-lite-costs/6"  # /2: heads_cost became proposal_cost; /3: the key's prepack layout; /4: oneDNN;
+# /5: the drafter's one-row products packed, and its drafting stopped sooner; /6: the drafter's weights packed in
+# bfloat16, its attention grouped (drafting cheaper)
 COSTS_FOLDER = "costs"
 # Row counts timed; the others take the next larger measured size's cost (never an underestimate).
 CALIBRATION_ROWS = (1, 2, 3, 4, 6, 8, 11, 14, 20)
