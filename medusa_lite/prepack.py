@@ -120,10 +120,10 @@ def row_gemm_linear(
     """``F.linear(inputs, weight, bias)`` [..., out_features] through the row_gemm kernel, ``packed`` being the
     weight's packed copy.
     """
-    output = row_gemm(inputs.reshape(rows_of(inputs), inputs.shape[-1]), packed, out_features)
+    output = row_gemm(inputs if inputs.dim() == 2 else inputs.reshape(-1, inputs.shape[-1]), packed, out_features)
     if bias is not None:
         output += bias
-    return output.reshape(*inputs.shape[:-1], out_features)
+    return output if inputs.dim() == 2 else output.view(*inputs.shape[:-1], out_features)
 
 
 def weight_signature(weight: torch.Tensor) -> tuple:

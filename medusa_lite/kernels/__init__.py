@@ -221,6 +221,13 @@ def block_columns(variant: str | None = None) -> int:
 
 
 @functools.cache
+def bound_library(variant: str) -> tuple[ctypes.CDLL, int]:
+    """A variant's library and its block width, looked up once: :func:`row_gemm` runs for every linear layer of
+    a forward, where each microsecond of Python counts (~200 layers a step for SmolLM2)."""
+    return variant_library(variant), variant_block_columns(variant)
+
+
+@functools.cache
 def variant_block_columns(variant: str) -> int:
     """Asked of the library once, not on every product."""
     return variant_library(variant).row_gemm_block_cols()
@@ -266,18 +273,18 @@ def row_gemm(
     """
     inputs = inputs.contiguous()
     rows, in_features = inputs.shape
+    library, cols = bound_library(selected_variant(variant))
     if (
         inputs.dtype != torch.float32
         or inputs.device.type != "cpu"
         or packed.dtype not in PACKED_DTYPES
-        or packed.numel() != packed_size(out_features, in_features, variant)
+        or packed.numel() != -(-out_features // cols) * cols * in_features
     ):
         raise ValueError(
             f"row_gemm: inputs {tuple(inputs.shape)} {inputs.dtype} on {inputs.device} do not fit a packed "
             f"weight of {packed.numel()} {packed.dtype} values for {out_features} outputs"
         )
     output = torch.empty(rows, out_features, dtype=torch.float32)
-    library = row_gemm_library(variant)
     product = library.row_gemm if packed.dtype == torch.float32 else library.row_gemm_bf16
     product(
         inputs.data_ptr(),
