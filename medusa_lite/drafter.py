@@ -53,10 +53,9 @@ from medusa_lite.heads import (
     CONFIG_NAME,
     DRAFT_IDS_NAME,
     WEIGHTS_NAME,
-    DraftLMHead,
     StrictArtifact,
     draft_ids_problem,
-    draft_rows,
+    guess_logits,
     heads_file,
     read_weights,
 )
@@ -308,18 +307,7 @@ class SequentialDrafter(
         ``base_lm_head``: the target's output layer, or a :class:`DraftLMHead` gathered once from
         this drafter's ids (what decoding passes).
         """
-        normed = self.output_norm(features)
-        if isinstance(base_lm_head, DraftLMHead):
-            if self.draft_token_ids is None or base_lm_head.weight.shape[0] != self.config.draft_vocab_size:
-                raise DraftVocabError(
-                    f"a DraftLMHead of {base_lm_head.weight.shape[0]} rows does not fit a drafter whose "
-                    f"draft vocabulary size is {self.config.draft_vocab_size}"
-                )
-            return base_lm_head(normed.to(base_lm_head.weight.dtype))
-        if self.draft_token_ids is not None:
-            weight, bias = draft_rows(base_lm_head, self.draft_token_ids)
-            return F.linear(normed.to(weight.dtype), weight, bias)
-        return base_lm_head(normed.to(base_lm_head.weight.dtype))
+        return guess_logits(self.output_norm(features), base_lm_head, self.draft_token_ids, DRAFTER_WHAT)
 
     def set_draft_vocab(self, token_ids: torch.Tensor | list[int]) -> None:
         """Set the D token ids the drafter guesses among (D = ``config.draft_vocab_size``)."""
@@ -392,13 +380,6 @@ def read_drafter_config(path: Path) -> DrafterConfig:
 def config_kind(path: Path) -> str | None:
     """The ``kind`` a config.json records: :data:`DRAFTER_KIND` for a drafter, None for Medusa heads."""
     return read_config_values(path).get("kind")
-
-
-def holds_drafter(source) -> bool:
-    """Whether a resolved artifact (:class:`~medusa_lite.resolve.ArtifactSource`) holds a sequential drafter, not
-    Medusa heads.
-    """
-    return config_kind(heads_file(source, CONFIG_NAME)) == DRAFTER_KIND
 
 
 # -- attention -----------------------------------------------------------------------------------

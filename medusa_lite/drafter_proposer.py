@@ -16,7 +16,6 @@ candidates keeps greedy output identical to the target's and sampling exact.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,9 +26,10 @@ from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.drafter_tree import (
     DrafterCache,
     RootDraft,
-    best_count_by_cost,
+    candidate_count_limit,
     commit_pairs,
     grow_candidates,
+    proposal_by_cost,
     ranked_nodes,
 )
 from medusa_lite.dynamic_tree import DynamicTree
@@ -66,13 +66,6 @@ def check_drafter_fits(model, drafter: SequentialDrafter) -> None:
             f"{states} hidden states (indices 0..{states - 1}): it was trained for another model "
             f"({config.base_model_name_or_path!r})"
         )
-
-
-def candidate_count_limit(topk: int, depth: int) -> int:
-    """The most candidates :func:`grow_candidates` makes: ``topk`` at depth 1, ``topk`` x ``topk`` per further
-    depth.
-    """
-    return topk + max(depth - 1, 0) * topk * topk if depth > 0 else 0
 
 
 @dataclass(frozen=True)
@@ -219,18 +212,7 @@ class DrafterRun(Proposer):
             self.spec.topk,
             self.expansion_price(),
         )
-        ranked = ranked_nodes(candidates)
-        confidences = [math.exp(candidates.scores[node]) for node in ranked]
-        cost = None if self.costs is None else self.costs.cost
-        tokens_per_cost = None if self.costs is None else self.costs.tokens_per_cost
-        count = best_count_by_cost(
-            confidences, step.max_nodes + 1, cost, tokens_per_cost, extra_rows=step.draft.num_nodes - 1
-        )
-        kept = sorted(ranked[:count], key=lambda node: (candidates.depths[node], node))
-        index = {node: i + 1 for i, node in enumerate(kept)}
-        index[0] = 0
-        tokens = torch.tensor([candidates.tokens[node] for node in kept], dtype=torch.long, device=step.root.device)
-        return Candidates(tokens, [index[candidates.parents[node]] for node in kept], source=DRAFTER_SOURCE)
+        return proposal_by_cost(candidates, step, self.costs, DRAFTER_SOURCE)
 
 
 def drafter_proposal(spec: SequentialDrafterProposer, model) -> Proposal:

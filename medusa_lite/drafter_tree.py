@@ -26,8 +26,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from medusa_lite import proposers
 from medusa_lite.drafter import SequentialDrafter, masked_attention
+from medusa_lite.dynamic_tree import DynamicTree
 from medusa_lite.lookup import DraftTree
+from medusa_lite.proposers import StepContext
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,62 @@ def expand_nodes(
     return drafter(features, token_embeds, torch.full((m,), position, device=features.device), attend)
 
 
+# expand(candidates, frontier nodes, level) -> the children's logits [len(frontier), G], one row per node
+Expansion = Callable[["Candidates", list[int], int], torch.Tensor]
+
+
+def grow_by_confidence(
+    root_logits: torch.Tensor,
+    root_token: int,
+    guess_ids: Callable[[torch.Tensor], torch.Tensor],
+    expand: Expansion,
+    depth: int,
+    topk: int,
+    expansion_price: float = 0.0,
+) -> Candidates:
+    """A draft tree to ``depth`` grown by a drafter's confidence (EAGLE-2): depth 1 is the ``topk`` likeliest
+    guesses of ``root_logits`` [G]; each further depth ``expand``s the ``topk`` likeliest frontier nodes (by
+    cumulative log probability), each offering its ``topk`` likeliest children. ``guess_ids`` maps logit indices
+    to token ids (a draft vocabulary's).
+
+    ``expansion_price``: expected tokens one more expansion must be able to buy. The nodes of each
+    depth below a frontier are together at most as likely as the frontier (a child's path
+    probability never exceeds its parent's), so each further depth adds at most ``frontier mass``
+    expected tokens for one expansion's price: growth stops where the frontier's mass is below the
+    price (growing j more depths buys at most j x mass for j x price, whatever j).
+    """
+    candidates = Candidates([root_token], [0], [0], [0.0])
+    k = min(topk, root_logits.shape[-1])
+    first = torch.log_softmax(root_logits, dim=-1).topk(k)
+    frontier = [
+        candidates.add(int(t), 0, float(s)) for t, s in zip(guess_ids(first.indices).tolist(), first.values.tolist())
+    ]
+    for level in range(1, depth):
+        frontier_mass = sum(math.exp(candidates.scores[node]) for node in frontier)
+        if frontier_mass < expansion_price:
+            break
+        children = torch.log_softmax(expand(candidates, frontier, level).float(), dim=-1).topk(k)  # [m, k]
+        parent_scores = torch.tensor([candidates.scores[node] for node in frontier], device=children.values.device)
+        totals = (children.values + parent_scores[:, None]).tolist()
+        child_tokens = guess_ids(children.indices).tolist()
+        added = [
+            candidates.add(int(token), node, score)
+            for row, node in enumerate(frontier)
+            for token, score in zip(child_tokens[row], totals[row])
+        ]
+        frontier = sorted(added, key=lambda node: (-candidates.scores[node], node))[:k]
+    return candidates
+
+
+def path_tokens(candidates: Candidates, node: int) -> list[int]:
+    """The tokens from the root to ``node``, both included."""
+    tokens = []
+    while node != 0:
+        tokens.append(candidates.tokens[node])
+        node = candidates.parents[node]
+    return [candidates.tokens[0], *reversed(tokens)]
+
+
 def grow_candidates(
     drafter: SequentialDrafter,
     cache: DrafterCache,
@@ -140,30 +199,14 @@ def grow_candidates(
     topk: int,
     expansion_price: float = 0.0,
 ) -> Candidates:
-    """Candidates to ``depth`` (EAGLE-2): each depth expands the ``topk`` best frontier nodes, each offering its
-    top-``topk`` children.
-
-    ``expansion_price``: expected tokens one more drafter forward must be able to buy. The nodes
-    of each depth below a frontier are together at most as likely as the frontier (a child's path
-    probability never exceeds its parent's), so each further depth adds at most ``frontier mass``
-    expected tokens for one forward's price: drafting stops where the frontier's mass is below the
-    price (drafting j more depths buys at most j x mass for j x price, whatever j).
-    """
-    candidates = Candidates([root_token], [0], [0], [0.0])
-    k = min(topk, root.logits.shape[-1])
-    first = torch.log_softmax(root.logits, dim=-1).topk(k)
-    frontier = [
-        candidates.add(int(t), 0, float(s))
-        for t, s in zip(drafter.guess_ids(first.indices).tolist(), first.values.tolist())
-    ]
-    parent_feature = {node: root.feature for node in frontier}  # the feature a node's expansion reads
+    """The sequential drafter's candidates to ``depth`` (:func:`grow_by_confidence`): expanding a node feeds (its
+    parent's output feature, its token) at its position, attending to the committed cache and its expanded
+    ancestors; the root's children come from the last committed pair's output (``root``)."""
+    output: dict[int, torch.Tensor] = {0: root.feature}  # expanded node (the root: the last pair) -> its feature
     slot: dict[int, int] = {}  # expanded node -> its row among this step's draft keys
-    draft_keys, draft_values = cache.keys[..., :0, :], cache.values[..., :0, :]
-    device = cache.keys.device
-    for level in range(1, depth):
-        frontier_mass = sum(math.exp(candidates.scores[node]) for node in frontier)
-        if frontier_mass < expansion_price:
-            break
+    draft = [cache.keys[..., :0, :], cache.values[..., :0, :]]  # this step's expanded nodes' keys and values
+
+    def expand(candidates: Candidates, frontier: list[int], level: int) -> torch.Tensor:
         ancestor_slots = []
         for node in frontier:
             ancestors, ancestor = [], candidates.parents[node]
@@ -171,28 +214,24 @@ def grow_candidates(
                 ancestors.append(slot[ancestor])
                 ancestor = candidates.parents[ancestor]
             ancestor_slots.append(ancestors)
-        tokens = torch.tensor([candidates.tokens[node] for node in frontier], device=device)
-        features = torch.stack([parent_feature[node] for node in frontier])
+        tokens = torch.tensor([candidates.tokens[node] for node in frontier], device=cache.keys.device)
+        features = torch.stack([output[candidates.parents[node]] for node in frontier])
         step = expand_nodes(
-            drafter, cache, draft_keys, draft_values, features, embed(tokens), cache.length - 1 + level, ancestor_slots
+            drafter, cache, draft[0], draft[1], features, embed(tokens), cache.length - 1 + level, ancestor_slots
         )
         for row, node in enumerate(frontier):
-            slot[node] = draft_keys.shape[-2] + row
-        draft_keys, draft_values = (
-            torch.cat([draft_keys, step.keys], dim=-2),
-            torch.cat([draft_values, step.values], dim=-2),
-        )
-        children = torch.log_softmax(drafter.project(step.features, lm_head).float(), dim=-1).topk(k)  # [m, k]
-        totals = children.values + torch.tensor([candidates.scores[node] for node in frontier], device=device)[:, None]
-        child_tokens = drafter.guess_ids(children.indices).tolist()
-        added = []
-        for row, node in enumerate(frontier):
-            for token, score in zip(child_tokens[row], totals[row].tolist()):
-                child = candidates.add(int(token), node, score)
-                parent_feature[child] = step.features[row]
-                added.append(child)
-        frontier = sorted(added, key=lambda node: (-candidates.scores[node], node))[:k]
-    return candidates
+            slot[node] = draft[0].shape[-2] + row
+            output[node] = step.features[row]
+        draft[0], draft[1] = torch.cat([draft[0], step.keys], dim=-2), torch.cat([draft[1], step.values], dim=-2)
+        return drafter.project(step.features, lm_head)
+
+    return grow_by_confidence(root.logits, root_token, drafter.guess_ids, expand, depth, topk, expansion_price)
+
+
+def candidate_count_limit(topk: int, depth: int) -> int:
+    """The most candidates a tree grown by :func:`grow_by_confidence` makes: ``topk`` at depth 1, ``topk`` x
+    ``topk`` per further depth."""
+    return topk + max(depth - 1, 0) * topk * topk if depth > 0 else 0
 
 
 def ranked_nodes(candidates: Candidates) -> list[int]:
@@ -219,6 +258,27 @@ def best_count_by_cost(
         if value > best_value:
             best_value, best_count = value, count
     return best_count
+
+
+def proposal_by_cost(
+    candidates: Candidates, step: StepContext, costs: DynamicTree | None, source: str
+) -> proposers.Candidates:
+    """The step's proposal from a grown tree: its ``step.max_nodes`` likeliest nodes, or with ``costs`` (a
+    :class:`DynamicTree`'s row costs and ``tokens_per_cost``) as many as pay for their rows, counting the rows the
+    proposers before it already use (:func:`best_count_by_cost`). Kept nodes form a tree: a child is never likelier
+    than its parent."""
+    ranked = ranked_nodes(candidates)
+    confidences = [math.exp(candidates.scores[node]) for node in ranked]
+    cost = None if costs is None else costs.cost
+    tokens_per_cost = None if costs is None else costs.tokens_per_cost
+    count = best_count_by_cost(
+        confidences, step.max_nodes + 1, cost, tokens_per_cost, extra_rows=step.draft.num_nodes - 1
+    )
+    kept = sorted(ranked[:count], key=lambda node: (candidates.depths[node], node))
+    index = {node: i + 1 for i, node in enumerate(kept)}
+    index[0] = 0
+    tokens = torch.tensor([candidates.tokens[node] for node in kept], dtype=torch.long, device=step.root.device)
+    return proposers.Candidates(tokens, [index[candidates.parents[node]] for node in kept], source=source)
 
 
 def tree_of_candidates(candidates: Candidates, kept: list[int], device: torch.device) -> DraftTree:

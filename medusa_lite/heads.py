@@ -293,6 +293,30 @@ class DraftLMHead(nn.Module):
         return F.linear(hidden, self.weight, self.bias)
 
 
+def guess_logits(
+    hidden: torch.Tensor, base_lm_head: nn.Module, draft_token_ids: torch.Tensor | None, what: str
+) -> torch.Tensor:
+    """Output features [..., H] of a drafter that reuses the target's lm_head -> logits [..., G].
+
+    G: the draft vocabulary's size (``draft_token_ids``), else V. ``base_lm_head``: the target's
+    output layer (the draft rows are then gathered for this call, as training does), or a
+    :class:`DraftLMHead` gathered once from these ids (what decoding passes). ``what`` names the
+    drafter in errors.
+    """
+    if isinstance(base_lm_head, DraftLMHead):
+        if draft_token_ids is None or base_lm_head.weight.shape[0] != draft_token_ids.numel():
+            size = None if draft_token_ids is None else draft_token_ids.numel()
+            raise DraftVocabError(
+                f"a DraftLMHead of {base_lm_head.weight.shape[0]} rows does not fit a {what} whose draft "
+                f"vocabulary size is {size}"
+            )
+        return base_lm_head(hidden.to(base_lm_head.weight.dtype))
+    if draft_token_ids is not None:
+        weight, bias = draft_rows(base_lm_head, draft_token_ids)
+        return F.linear(hidden.to(weight.dtype), weight, bias)
+    return base_lm_head(hidden.to(base_lm_head.weight.dtype))
+
+
 class StrictArtifact:
     """Loading shared by medusa-lite's artifact classes (the heads, the drafter): ``from_pretrained``
     resolves a local folder or Hub repo (:func:`~medusa_lite.resolve.resolve_source`: a path that

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -40,7 +40,7 @@ from medusa_lite.artifact import TREE_FILE_NAME, adapt_target
 from medusa_lite.attention import TREE_SDPA
 from medusa_lite.costs import Proposal, step_costs
 from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
-from medusa_lite.drafter import SequentialDrafter, holds_drafter
+from medusa_lite.drafter import DRAFTER_KIND, SequentialDrafter, config_kind
 from medusa_lite.drafter_proposer import (
     DEFAULT_DRAFTER_NODES,
     DEFAULT_DRAFTER_TOPK,
@@ -49,8 +49,10 @@ from medusa_lite.drafter_proposer import (
     drafter_proposal,
 )
 from medusa_lite.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COSTS, DynamicTree
-from medusa_lite.errors import MedusaError, TreeError
-from medusa_lite.heads import HEADS_WHAT, DraftLMHead, MedusaHeads
+from medusa_lite.errors import HeadsFileError, MedusaError, TreeError
+from medusa_lite.heads import CONFIG_NAME, HEADS_WHAT, DraftLMHead, MedusaHeads, heads_file
+from medusa_lite.hydra import HYDRA_KIND, HydraHeads
+from medusa_lite.hydra_proposer import HydraProposer, check_hydra_fits, hydra_proposal
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import ROW_GEMM, check_prepack_supported, prepack_backend, prepack_linears, prepack_supported
 from medusa_lite.proposers import Proposer, StepLimits, default_lookups, step_rows
@@ -277,6 +279,36 @@ def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None, ro
     )  # too few rows for the backend: packs nothing
 
 
+@dataclass(frozen=True)
+class DraftingKind:
+    """How ``load`` serves one kind of drafting artifact: its proposer (given the artifact, ``topk`` and
+    ``max_new_nodes``), the check that it fits a target, and what calibration times as its work per step."""
+
+    proposer: Callable[..., Proposer]
+    check_fits: Callable[[MedusaModel, torch.nn.Module], None]
+    proposal: Callable[[Proposer, MedusaModel], Proposal]
+
+
+DRAFTING_KINDS: dict[type, DraftingKind] = {
+    SequentialDrafter: DraftingKind(SequentialDrafterProposer, check_drafter_fits, drafter_proposal),
+    HydraHeads: DraftingKind(HydraProposer, check_hydra_fits, hydra_proposal),
+}
+# What the ``kind`` in an artifact's config.json loads as (Medusa heads record none).
+ARTIFACT_CLASSES = {None: MedusaHeads, DRAFTER_KIND: SequentialDrafter, HYDRA_KIND: HydraHeads}
+
+
+def read_artifact(source: ArtifactSource) -> MedusaHeads | SequentialDrafter | HydraHeads:
+    """The heads, drafter or Hydra-style heads an artifact holds, by the ``kind`` its config.json records."""
+    path = heads_file(source, CONFIG_NAME)
+    kind = config_kind(path)
+    if kind not in ARTIFACT_CLASSES:
+        known = ", ".join(repr(k) for k in ARTIFACT_CLASSES if k is not None)
+        raise HeadsFileError(
+            f"{path} records kind {kind!r}, which medusa-lite does not know ({known}, or none for Medusa heads)"
+        )
+    return ARTIFACT_CLASSES[kind].from_source(source)
+
+
 def load(
     model: str | os.PathLike | None = None,
     *,
@@ -315,15 +347,13 @@ def load(
     :mod:`medusa_lite.proposers`); None: the lookups, then the heads on the tree. The weights are
     packed for the most rows a step of theirs verifies.
     """
-    if isinstance(heads, (MedusaHeads, SequentialDrafter)):
+    if isinstance(heads, (MedusaHeads, *DRAFTING_KINDS)):
         heads_module, source = heads, None
     else:
         where = heads_source_for(model, heads)
         source = resolve_source(where, HEADS_WHAT, revision=heads_revision, token=token, cache_dir=cache_dir)
-        heads_module = (
-            SequentialDrafter.from_source(source) if holds_drafter(source) else MedusaHeads.from_source(source)
-        )
-    if isinstance(heads_module, SequentialDrafter):  # the artifact's config.json records kind "sequential-drafter"
+        heads_module = read_artifact(source)
+    if isinstance(heads_module, tuple(DRAFTING_KINDS)):  # its config.json records its kind
         return load_with_drafter(
             heads_module,
             source,
@@ -352,7 +382,7 @@ def load(
 
 
 def load_with_drafter(
-    drafter: SequentialDrafter,
+    drafter: SequentialDrafter | HydraHeads,
     source: ArtifactSource | None,
     model,
     *,
@@ -363,8 +393,9 @@ def load_with_drafter(
     prepack: bool | None,
     proposers,
 ) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
-    """``load()`` for a sequential drafter artifact: the target without heads, proposing with the lookups
-    and the drafter (:mod:`medusa_lite.drafter_proposer`), its trees sized by this machine's row costs.
+    """``load()`` for a drafting artifact (a sequential drafter or Hydra-style heads): the target without Medusa
+    heads, proposing with the lookups and the drafter (:mod:`medusa_lite.drafter_proposer`,
+    :mod:`medusa_lite.hydra_proposer`), its trees sized by this machine's row costs.
 
     ``tree``: None (a policy of up to :data:`DEFAULT_DRAFTER_NODES` drafter nodes priced here), or a
     :class:`DynamicTree` / ``tree.json`` path whose ``max_nodes`` and ``tokens_per_cost`` it keeps.
@@ -383,8 +414,9 @@ def load_with_drafter(
     base, tokenizer = load_target(model, dtype, device)
     store = resolve_datastore(datastore, source, drafter.config.vocab_size)
     medusa = MedusaModel(base, None, datastore=store, proposers=proposers if proposers is not None else ()).eval()
+    kind = DRAFTING_KINDS[type(drafter)]
     if proposers is None:
-        medusa.proposers = (default_lookups(), SequentialDrafterProposer(drafter, max_new_nodes=policy.max_nodes - 1))
+        medusa.proposers = (default_lookups(), kind.proposer(drafter, max_new_nodes=policy.max_nodes - 1))
     prepack_for_tree(medusa.base_model, Tree(()), prepack, step_rows(medusa.proposers, medusa))
     if proposers is None:
         medusa.proposers = (
@@ -392,7 +424,7 @@ def load_with_drafter(
             drafter_proposer_for(medusa, drafter, policy, price_here=not keeps_costs),
         )
     else:
-        check_drafter_fits(medusa, drafter)
+        kind.check_fits(medusa, drafter)
         weight = base.get_output_embeddings().weight
         drafter.to(device=weight.device, dtype=weight.dtype)
     return medusa, tokenizer
@@ -400,21 +432,22 @@ def load_with_drafter(
 
 def drafter_proposer_for(
     model: MedusaModel,
-    drafter: SequentialDrafter,
+    drafter: SequentialDrafter | HydraHeads,
     policy: DynamicTree,
     *,
     price_here: bool = True,
     topk: int = DEFAULT_DRAFTER_TOPK,
-) -> SequentialDrafterProposer:
+) -> SequentialDrafterProposer | HydraProposer:
     """The drafter ready to decode with ``model``: on its device and dtype, its few-row products on the
     target's packed path (on row_gemm's, from weights packed in :data:`DRAFTER_PACKED_DTYPE`), expanding
     ``topk`` nodes a depth and adding up to ``policy.max_nodes - 1`` nodes a step, each step sized and gated
     by the policy's ``tokens_per_cost`` and step costs: this machine's, measured for the verified rows and the
     drafter's own work (:func:`priced_here`), unless ``price_here`` is False (the policy's own costs)."""
-    check_drafter_fits(model, drafter)
+    kind = DRAFTING_KINDS[type(drafter)]
+    kind.check_fits(model, drafter)
     lm_head = model.base_model.get_output_embeddings()
     drafter.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)
-    spec = SequentialDrafterProposer(drafter, topk=topk, max_new_nodes=max(policy.max_nodes - 1, 1))
+    spec = kind.proposer(drafter, topk=topk, max_new_nodes=max(policy.max_nodes - 1, 1))
     ids = drafter.draft_token_ids
     draft_lm_head = None if ids is None else DraftLMHead(lm_head, ids)
     backend = prepack_backend(model.base_model)
@@ -424,7 +457,7 @@ def drafter_proposer_for(
     if backend == ROW_GEMM and draft_lm_head is not None:
         draft_lm_head.pack_for_few_rows(spec.packed_rows(), packed_dtype)
     spec = replace(spec, draft_lm_head=draft_lm_head)
-    return replace(spec, costs=priced_here(model, policy, drafter_proposal(spec, model)) if price_here else policy)
+    return replace(spec, costs=priced_here(model, policy, kind.proposal(spec, model)) if price_here else policy)
 
 
 def priced_here(model: MedusaModel, policy: DynamicTree, proposal: Proposal | None = None) -> DynamicTree:

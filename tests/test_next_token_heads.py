@@ -144,7 +144,7 @@ def test_rows_carry_the_token_after_each_hidden_state():
     hidden = torch.arange(6.0).view(1, 6, 1).expand(1, 6, 3)  # hidden state n holds n
     rows = gather_rows(hidden, ids, mask, num_heads=2, with_teacher=False)
     positions = rows.hidden[:, 0].long()
-    assert positions.numel() > 0 and torch.equal(rows.next_tokens, ids[0, positions + 1])
+    assert positions.numel() > 0 and torch.equal(rows.path_tokens[:, 0], ids[0, positions + 1])
 
 
 def pair_answer(rng: random.Random) -> str:

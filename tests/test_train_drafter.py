@@ -95,7 +95,7 @@ def test_resume_continues_a_drafter_run(tiny_target, pattern_data, tmp_path):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"drafter": "hydra"}, "drafter must be one of"),
+        ({"drafter": "eagle"}, "drafter must be one of"),
         ({"feature_weight": 0.5}, "feature_weight regresses a sequential drafter"),
         ({"drafter": "sequential", "feature_weight": -1.0}, "feature_weight must be >= 0"),
         ({"feature_layers": [0, 1]}, "feature_layers chooses the target layers a sequential drafter reads"),

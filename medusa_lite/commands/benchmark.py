@@ -66,8 +66,7 @@ from tqdm import tqdm
 
 from medusa_lite.commands.options import prepack_choice, set_threads
 from medusa_lite.draft_model import DraftModelProposer, load_draft_model
-from medusa_lite.drafter import SequentialDrafter
-from medusa_lite.drafter_proposer import DEFAULT_DRAFTER_NODES, SequentialDrafterProposer
+from medusa_lite.drafter_proposer import DEFAULT_DRAFTER_NODES
 from medusa_lite.dtypes import DTYPE_CHOICES, parse_dtype
 from medusa_lite.dynamic_tree import UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.errors import MedusaError
@@ -75,11 +74,13 @@ from medusa_lite.extras import require_extra
 from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
 from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
 from medusa_lite.loading import (
+    DRAFTING_KINDS,
     drafter_proposer_for,
     find_tree_file,
     heads_source_for,
     load,
     prepack_for_tree,
+    read_artifact,
     read_tree_file,
     tree_of,
 )
@@ -88,6 +89,7 @@ from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, ti
 from medusa_lite.model import MedusaModel
 from medusa_lite.prepack import packed_from_rows, prepack_backend
 from medusa_lite.proposers import Proposer, default_lookups, step_rows
+from medusa_lite.resolve import resolve_source
 from medusa_lite.sampling import SamplingSettings
 from medusa_lite.tree import Tree
 
@@ -119,7 +121,7 @@ LABELS = {
     "static_tree": "medusa-lite, static tree",
     "no_datastore": "medusa-lite, no datastore",
     "heads": "medusa-lite, heads only",
-    "drafter": "medusa-lite, sequential drafter + lookups",
+    "drafter": "medusa-lite, drafter (sequential or Hydra-style) + lookups",
     "draft": "medusa-lite, draft model",
     "lookahead": "lookahead decoding (LookaheadProposer, defaults)",
 }
@@ -195,7 +197,7 @@ class MedusaSettings:
     datastore_tokens: int = DEFAULT_DATASTORE_TOKENS
     static_tree: Tree | None = None  # for "static_tree": the tree file's static paths
     draft: DraftModelProposer | None = None  # for "draft": the draft model (--draft-model)
-    drafter: tuple[Proposer, ...] | None = None  # for "drafter": the lookups and the sequential drafter (--drafter)
+    drafter: tuple[Proposer, ...] | None = None  # for "drafter": the lookups and the drafter (--drafter)
 
 
 class CallCounter:
@@ -585,7 +587,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--drafter",
         default=None,
-        help="the 'drafter' method's sequential drafter (folder or Hub repo; its steps priced on this machine)",
+        help=(
+            "the 'drafter' method's sequential drafter or Hydra-style heads (folder or Hub repo; its steps priced on "
+            "this machine)"
+        ),
     )
     parser.add_argument("--out", default=str(DEFAULT_OUT))
     return parser
@@ -682,11 +687,18 @@ def write_outputs(out: Path, summary: dict, records: Sequence[dict], settings: d
 
 def drafter_proposers(model: MedusaModel, args: argparse.Namespace) -> tuple[Proposer, ...]:
     """The 'drafter' method's proposers on the benchmark's target: the default lookups (the model's datastore),
-    then the ``--drafter``, priced on this machine; the target re-packed for the wider of its two drafts."""
-    drafter = SequentialDrafter.from_pretrained(args.drafter)
+    then the ``--drafter`` (a sequential drafter or Hydra-style heads), priced on this machine; the target re-packed
+    for the wider of its two drafts."""
+    drafter = read_artifact(resolve_source(args.drafter, "drafter"))
+    if type(drafter) not in DRAFTING_KINDS:
+        raise MedusaError(
+            f"--drafter {args.drafter} holds Medusa heads: pass a sequential drafter or Hydra-style heads "
+            "(the 'medusa' method decodes with heads, --heads)"
+        )
     budget = DynamicTree(1 + DEFAULT_DRAFTER_NODES, UNMEASURED_ROW_COSTS)
     lookups = default_lookups(args.lookup_tokens, True, args.datastore_tokens)
-    rows = step_rows((lookups, SequentialDrafterProposer(drafter, max_new_nodes=DEFAULT_DRAFTER_NODES)), model)
+    spec = DRAFTING_KINDS[type(drafter)].proposer(drafter, max_new_nodes=DEFAULT_DRAFTER_NODES)
+    rows = step_rows((lookups, spec), model)
     prepack_for_tree(model.base_model, Tree(()), prepack_choice(args), max(rows, step_rows(model.proposers, model)))
     return lookups, drafter_proposer_for(model, drafter, budget)
 

@@ -24,9 +24,10 @@ GIGABYTE = 1e9  # bytes: the unit of max_cache_gb and of every size training rep
 DEFAULT_HEAD_DECAY = 0.8
 DEFAULT_MODEL_KEYWORD = "default"
 DATA_FORMATS = ("auto", "chat", "text")
-# What to train: Medusa heads (each head guesses one depth from the target's hidden state) or a
-# sequential drafter (medusa_lite.drafter: one decoder layer drafting depth d from its own depth d-1).
-DRAFTER_KINDS = ("medusa_heads", "sequential")
+# What to train: Medusa heads (each head guesses one depth from the target's hidden state), a
+# sequential drafter (medusa_lite.drafter: one decoder layer drafting depth d from its own depth d-1), or
+# Hydra-style heads (medusa_lite.hydra: head k also reads the k tokens drafted on its path).
+DRAFTER_KINDS = ("medusa_heads", "sequential", "hydra")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 TRUE_WORDS = ("true", "yes", "on", "1")
@@ -295,15 +296,15 @@ def validate(config: TrainConfig) -> None:
         f"config: mixed_precision must be one of {MIXED_PRECISIONS} or null, got {config.mixed_precision!r}",
     )
     require(config.drafter in DRAFTER_KINDS, f"config: drafter must be one of {DRAFTER_KINDS}, got {config.drafter!r}")
-    if config.drafter == "sequential":
+    if config.drafter != "medusa_heads":
         require(
             config.lora is None,
-            "config: drafter: sequential cannot be combined with lora (Medusa-2 trains Medusa heads with "
+            f"config: drafter: {config.drafter} cannot be combined with lora (Medusa-2 trains Medusa heads with "
             "the backbone)",
         )
         require(
             config.use_base_lm_head,
-            "config: drafter: sequential always reuses the target's lm_head; set use_base_lm_head: true",
+            f"config: drafter: {config.drafter} always reuses the target's lm_head; set use_base_lm_head: true",
         )
     require(
         config.lr_scheduler in LR_SCHEDULERS,

@@ -23,6 +23,7 @@ from medusa_lite.artifact import ADAPTER_DIR
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaConfig, MedusaHeads
+from medusa_lite.hydra import HydraConfig, HydraHeads
 from medusa_lite.training import checkpoint as ckpt
 from medusa_lite.training import hidden_cache
 from medusa_lite.training.checks import (
@@ -53,6 +54,9 @@ from medusa_lite.training.setup import (
 METRICS_NAME = "metrics.jsonl"
 TRAIN_TOPK = 1  # training batches report top-1 only (top-k over the vocabulary costs time); eval reports top-k
 COVERAGE_DIGITS = 4
+
+# The module each kind of config saves as (write_heads).
+ARTIFACT_CLASSES = {MedusaConfig: MedusaHeads, DrafterConfig: SequentialDrafter, HydraConfig: HydraHeads}
 
 
 @dataclass
@@ -140,7 +144,7 @@ def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: b
         )
         return loss, vector[:-1], vector[-1], positions
     rows = source.rows(indices)
-    loss, vector = objective(rows.hidden, rows.targets, rows.teacher_hidden, next_tokens=rows.next_tokens, topk=topk)
+    loss, vector = objective(rows.hidden, rows.targets, rows.teacher_hidden, path_tokens=rows.path_tokens, topk=topk)
     return loss, vector, None, int(rows.targets.shape[0])
 
 
@@ -326,13 +330,15 @@ def prepare_cache(config: TrainConfig, accelerator, base_model, data: TokenizedD
 # -- saving -------------------------------------------------------------------------------------
 
 
-def write_heads(heads_config: MedusaConfig | DrafterConfig, state: dict, heads_dir: Path, adapter_model=None) -> None:
+def write_heads(
+    heads_config: MedusaConfig | DrafterConfig | HydraConfig, state: dict, heads_dir: Path, adapter_model=None
+) -> None:
     """Save heads (or a drafter) atomically (temp folder, then rename) and check they load strictly.
 
     ``adapter_model`` (Medusa-2: the peft model whose adapter was trained) saves its adapter into
     the heads folder's ``adapter/`` (the layout of :mod:`medusa_lite.artifact`).
     """
-    module_class = SequentialDrafter if isinstance(heads_config, DrafterConfig) else MedusaHeads
+    module_class = ARTIFACT_CLASSES[type(heads_config)]
     heads = module_class(heads_config)
     heads.load_state_dict(
         {k: v.float() if v.is_floating_point() else v for k, v in state.items()}
@@ -395,7 +401,7 @@ class Run:
     accelerator: object
     log: RunLog
     data: TokenizedData
-    heads: MedusaHeads | SequentialDrafter
+    heads: MedusaHeads | SequentialDrafter | HydraHeads
     objective: torch.nn.Module
     optimizer: object
     scheduler: object
@@ -565,11 +571,10 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
             }
         }
         accelerator.init_trackers(config.wandb.project, config=config.to_dict(), init_kwargs=init)
-    what = (
-        f"a sequential drafter ({config.num_heads} depths)"
-        if sequential
-        else f"{config.num_heads} heads ({'Medusa-2: heads + LoRA' if medusa2 else 'heads only'})"
-    )
+    what = {
+        "sequential": f"a sequential drafter ({config.num_heads} depths)",
+        "hydra": f"{config.num_heads} Hydra-style heads",
+    }.get(config.drafter, f"{config.num_heads} heads ({'Medusa-2: heads + LoRA' if medusa2 else 'heads only'})")
     log.say(
         f"training {what} on {'cached hidden states' if cache else 'live target forwards'} for {total_steps} steps "
         f"({steps_per_epoch} per epoch, batch {config.batch_size} x {world} process(es)) on {accelerator.device}"

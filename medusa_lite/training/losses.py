@@ -52,7 +52,7 @@ class Rows:
     """The positions of a batch that train at least one head, flattened."""
 
     hidden: torch.Tensor  # [P, H] hidden state at position n
-    next_tokens: torch.Tensor  # [P] token n+1 (what heads with next_token_input read)
+    path_tokens: torch.Tensor  # [P, K] tokens n+1 .. n+K (clamped at the sequence's end): what head k reads
     targets: torch.Tensor  # [P, K]
     teacher_hidden: torch.Tensor | None  # [P, K, H] hidden state at position n+k (distillation)
 
@@ -89,10 +89,12 @@ def gather_rows(
     if with_teacher:
         source = hidden if teacher_source is None else teacher_source
         teacher = states_ahead(source, batch_index, position, num_heads)
-    next_tokens = input_ids[batch_index, position + 1]  # exists: a row has a target at n+2 or later
+    offsets = torch.arange(1, num_heads + 1, device=input_ids.device)
+    # token n+1 exists (a row has a target at n+2 or later); later ones past the end have no target
+    ahead = (position[:, None] + offsets[None, :]).clamp(max=input_ids.shape[1] - 1)
     return Rows(
         hidden=hidden[batch_index, position],
-        next_tokens=next_tokens,
+        path_tokens=input_ids[batch_index[:, None], ahead],
         targets=targets[batch_index, position],
         teacher_hidden=teacher,
     )

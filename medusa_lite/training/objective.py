@@ -27,6 +27,7 @@ from torch import nn
 
 from medusa_lite.drafter import SequentialDrafter
 from medusa_lite.heads import MedusaHeads, draft_rows
+from medusa_lite.hydra import HydraHeads
 from medusa_lite.training.losses import chunked_kl, gather_rows, head_loss, response_positions, to_draft_targets
 
 
@@ -48,9 +49,9 @@ def project_with(lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
     return lm_head(hidden.to(lm_head.weight.dtype)).float()
 
 
-def heads_logits(heads: MedusaHeads, head_hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
+def heads_logits(heads: MedusaHeads | HydraHeads, head_hidden: torch.Tensor, base_lm_head: nn.Module) -> torch.Tensor:
     """Per-head hidden states [P, K, H] -> logits [P, K, G] (float32; G: D with a draft vocabulary, else V)."""
-    if heads.config.use_base_lm_head:
+    if isinstance(heads, HydraHeads) or heads.config.use_base_lm_head:
         return heads.project(head_hidden.to(base_lm_head.weight.dtype), base_lm_head).float()
     return torch.stack(
         [head.lm_head(head_hidden[:, k].to(head.lm_head.weight.dtype)).float() for k, head in enumerate(heads.heads)],
@@ -71,7 +72,7 @@ def teacher_logits(
     return F.linear(hidden.to(base_lm_head.weight.dtype), *draft_rows(base_lm_head, heads.draft_token_ids)).float()
 
 
-def guess_targets(heads: MedusaHeads, targets: torch.Tensor) -> torch.Tensor:
+def guess_targets(heads: MedusaHeads | HydraHeads, targets: torch.Tensor) -> torch.Tensor:
     """Full-vocabulary targets -> indices into the heads' logits (draft indices with a draft vocabulary)."""
     if heads.draft_token_ids is None:
         return targets
@@ -79,28 +80,36 @@ def guess_targets(heads: MedusaHeads, targets: torch.Tensor) -> torch.Tensor:
 
 
 def run_heads(
-    heads: MedusaHeads, hidden: torch.Tensor, next_tokens: torch.Tensor | None, input_embeddings: nn.Module | None
+    heads: MedusaHeads | HydraHeads,
+    hidden: torch.Tensor,
+    path_tokens: torch.Tensor | None,
+    input_embeddings: nn.Module | None,
 ) -> torch.Tensor:
-    """Per-head hidden states [P, K, H] in the heads' dtype; ``next_tokens`` [P] are embedded only for heads that read
-    them.
+    """Per-head hidden states [P, K, H] in the heads' dtype. ``path_tokens`` [P, K] (tokens n+1 .. n+K) are embedded
+    only for heads that read them: Hydra-style heads read them all (teacher forcing), Medusa heads with
+    ``next_token_input`` the first.
     """
     parameter = next(heads.parameters())
-    embeds = input_embeddings(next_tokens).to(parameter.dtype) if heads.config.next_token_input else None
+    if isinstance(heads, HydraHeads):
+        return heads(hidden.to(parameter.dtype), input_embeddings(path_tokens).to(parameter.dtype))
+    embeds = input_embeddings(path_tokens[:, 0]).to(parameter.dtype) if heads.config.next_token_input else None
     return heads(hidden.to(parameter.dtype), next_token_embeds=embeds)
 
 
 class HeadsObjective(nn.Module):
     def __init__(
         self,
-        heads: MedusaHeads,
+        heads: MedusaHeads | HydraHeads,
         base_lm_head: nn.Module,
         settings: LossSettings,
         input_embeddings: nn.Module | None = None,
     ):
-        """``input_embeddings``: the base model's, needed by heads with ``config.next_token_input``."""
+        """``input_embeddings``: the base model's, needed by Hydra-style heads and heads with
+        ``config.next_token_input``."""
         super().__init__()
-        if heads.config.next_token_input and input_embeddings is None:
-            raise ValueError("heads with next_token_input need the base model's input embeddings")
+        reads_tokens = isinstance(heads, HydraHeads) or heads.config.next_token_input
+        if reads_tokens and input_embeddings is None:
+            raise ValueError("heads that read drafted tokens need the base model's input embeddings")
         self.heads = heads
         self._frozen = (base_lm_head, input_embeddings)  # a tuple: not registered as submodules
         self.settings = settings
@@ -118,16 +127,16 @@ class HeadsObjective(nn.Module):
         hidden: torch.Tensor,
         targets: torch.Tensor,
         teacher_hidden: torch.Tensor | None = None,
-        next_tokens: torch.Tensor | None = None,
+        path_tokens: torch.Tensor | None = None,
         topk: int = 1,
     ):
         """``topk``: ranks counted in the stats (1 while training, the configured k when evaluating).
 
-        ``next_tokens`` [P]: token n+1 of each row, read by heads with ``config.next_token_input``.
+        ``path_tokens`` [P, K]: tokens n+1 .. n+K of each row (see :func:`run_heads`).
         """
         s = self.settings
         loss, stats = head_loss(
-            run_heads(self.heads, hidden, next_tokens, self.input_embeddings),
+            run_heads(self.heads, hidden, path_tokens, self.input_embeddings),
             guess_targets(self.heads, targets),
             lambda h: heads_logits(self.heads, h, self.base_lm_head),
             weights=torch.tensor(s.weights),
@@ -186,7 +195,7 @@ class Medusa2Objective(nn.Module):
             hidden, input_ids, loss_mask, num_heads, with_teacher=s.distill_weight > 0, teacher_source=original
         )
         loss, stats = head_loss(
-            run_heads(self.heads, rows.hidden.float(), rows.next_tokens, self.model.get_input_embeddings()),
+            run_heads(self.heads, rows.hidden.float(), rows.path_tokens, self.model.get_input_embeddings()),
             guess_targets(self.heads, rows.targets),
             lambda h: heads_logits(self.heads, h, self.lm_head),
             weights=torch.tensor(s.weights),

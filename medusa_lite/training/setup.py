@@ -11,6 +11,7 @@ from medusa_lite.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.dtypes import AUTO, parse_dtype
 from medusa_lite.extras import require_extra
 from medusa_lite.heads import MedusaHeads
+from medusa_lite.hydra import HydraConfig, HydraHeads
 from medusa_lite.loading import load_target
 from medusa_lite.model import MedusaModel, hidden_state_count
 from medusa_lite.training.checks import check_processes_connected
@@ -91,11 +92,13 @@ def check_draft_vocab_fits(config: TrainConfig, vocab_size: int) -> None:
 
 def fresh_heads(
     config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None = None
-) -> MedusaHeads | SequentialDrafter:
-    """Fresh heads (or a sequential drafter, per ``config.drafter``) for ``base_model``; with
+) -> MedusaHeads | SequentialDrafter | HydraHeads:
+    """Fresh heads (or a sequential drafter, or Hydra-style heads, per ``config.drafter``) for ``base_model``; with
     ``draft_token_ids`` they guess among those tokens only."""
     if config.drafter == "sequential":
         return fresh_drafter(config, base_model, draft_token_ids)
+    if config.drafter == "hydra":
+        return fresh_hydra_heads(config, base_model, draft_token_ids)
     heads = MedusaModel.with_new_heads(
         base_model,
         config.num_heads,
@@ -109,6 +112,25 @@ def fresh_heads(
 
         heads.config.base_model_name_or_path = DEFAULT_MODEL_NAME
     return heads.float()  # float32 master weights whatever the target's dtype
+
+
+def fresh_hydra_heads(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None) -> HydraHeads:
+    """Fresh Hydra-style heads for ``base_model``: ``config.num_heads`` heads, each reading its drafted path."""
+    hydra_config = HydraConfig(
+        num_heads=config.num_heads,
+        hidden_size=base_model.get_input_embeddings().weight.shape[1],
+        vocab_size=base_model.get_output_embeddings().weight.shape[0],
+        draft_vocab_size=None if draft_token_ids is None else int(torch.as_tensor(draft_token_ids).numel()),
+        base_model_name_or_path=getattr(base_model.config, "_name_or_path", None) or None,
+    )
+    if config.model == DEFAULT_MODEL_KEYWORD:
+        from medusa_lite.default_model import DEFAULT_MODEL_NAME
+
+        hydra_config.base_model_name_or_path = DEFAULT_MODEL_NAME
+    heads = HydraHeads(hydra_config)
+    if draft_token_ids is not None:
+        heads.set_draft_vocab(draft_token_ids)
+    return heads.float()
 
 
 def fresh_drafter(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None) -> SequentialDrafter:
@@ -170,7 +192,7 @@ def batch_layers(config: TrainConfig) -> list[int] | None:
     return state_layers(config.feature_layers, loss_settings(config).reads_target_ahead)
 
 
-def build_objective(config: TrainConfig, base_model, heads: MedusaHeads | SequentialDrafter):
+def build_objective(config: TrainConfig, base_model, heads: MedusaHeads | SequentialDrafter | HydraHeads):
     settings = loss_settings(config)
     if isinstance(heads, SequentialDrafter):
         return DrafterObjective(
