@@ -9,8 +9,9 @@ and token n+1 (the target's own next token, known when drafting starts):
   [h_n; E(x_{n+1})] only, so it guesses depth k without knowing what depths < k guessed;
 - ``hydra``: Hydra-style heads (Ankner et al. 2024): head k reads [h_n; E(x_{n+1}); ...;
   E(x_{n+k})], the tokens drafted before it (here the true ones: teacher forcing, as Hydra trains);
-  otherwise built as the Medusa heads (one zero-initialised residual block, a linear input layer
-  that starts as the identity on h_n, the draft vocabulary's rows of the frozen lm_head);
+  the package's ``HydraHeads`` (:mod:`medusa_lite.hydra`), otherwise built as the Medusa heads (one
+  zero-initialised residual block, a linear input layer that starts as the identity on h_n, the
+  draft vocabulary's rows of the frozen lm_head);
 - ``drafter``: the package's sequential drafter (one decoder layer over its own earlier depths, with a
   KV cache over the whole text), reading the final hidden state as the heads do;
 - ``drafter_layers``: the same drafter reading the target's layers 2, L/2 and L-3 instead
@@ -41,41 +42,14 @@ from torch import nn
 from drafter_multilayer import side_by_side_inputs, train_steps
 from drafter_vs_heads_short import accuracy, batch_of, evaluate_drafter
 from medusa_lite.drafter import DrafterConfig, SequentialDrafter
-from medusa_lite.heads import MedusaConfig, MedusaHeads, ResBlock, draft_rows
+from medusa_lite.heads import MedusaConfig, MedusaHeads, draft_rows
+from medusa_lite.hydra import HydraConfig, HydraHeads
 from medusa_lite.measure import machine_info
 from medusa_lite.training.drafter_objective import DrafterObjective
 from medusa_lite.training.losses import IGNORE, head_loss, head_targets, to_draft_targets
 from medusa_lite.training.objective import LossSettings
 
 VARIANTS = ("medusa", "hydra", "drafter", "drafter_layers")
-
-
-class HydraHeads(nn.Module):
-    """K heads; head k maps [h_n; E(x_{n+1}); ...; E(x_{n+k})] ((k+1) H) to H, then one residual block."""
-
-    def __init__(self, num_heads: int, hidden_size: int, draft_token_ids: torch.Tensor):
-        super().__init__()
-        self.inputs = nn.ModuleList(identity_on_first(hidden_size, k + 1) for k in range(1, num_heads + 1))
-        self.blocks = nn.ModuleList(ResBlock(hidden_size) for _ in range(num_heads))
-        self.register_buffer("draft_token_ids", draft_token_ids.clone())
-
-    def forward(self, hidden: torch.Tensor, path_embeds: torch.Tensor) -> torch.Tensor:
-        """hidden [P, H], path_embeds [P, K, H] (E(x_{n+1}) .. E(x_{n+K})) -> per-head hidden [P, K, H]."""
-        outputs = []
-        for k, (fuse, block) in enumerate(zip(self.inputs, self.blocks, strict=True), start=1):
-            read = torch.cat([hidden, path_embeds[:, :k].flatten(1)], dim=-1)
-            outputs.append(block(fuse(read)))
-        return torch.stack(outputs, dim=1)
-
-
-def identity_on_first(hidden_size: int, parts: int) -> nn.Linear:
-    """Linear (parts x H) -> H that starts as the identity on the first H inputs and ignores the rest."""
-    layer = nn.Linear(parts * hidden_size, hidden_size)
-    with torch.no_grad():
-        layer.weight.zero_()
-        layer.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
-        layer.bias.zero_()
-    return layer
 
 
 def head_rows(hidden: torch.Tensor, batch: dict, depth: int, draft_ids: torch.Tensor, vocab_size: int):
@@ -154,7 +128,11 @@ def fresh_model(kind: str, base, depth: int, draft_ids: torch.Tensor, layers: li
         model.set_draft_vocab(draft_ids)
         return model
     if kind == "hydra":
-        return HydraHeads(depth, hidden, draft_ids)
+        heads = HydraHeads(
+            HydraConfig(num_heads=depth, hidden_size=hidden, vocab_size=vocab, draft_vocab_size=draft_ids.numel())
+        )
+        heads.set_draft_vocab(draft_ids)
+        return heads
     config = DrafterConfig.for_model(base, depth=depth, draft_vocab_size=draft_ids.numel())
     if kind == "drafter_layers":
         config = dataclasses.replace(config, feature_layers=layers)

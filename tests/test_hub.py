@@ -370,3 +370,40 @@ def test_push_refuses_heads_that_need_an_adapter_they_lack(tmp_path):
         push_heads_to_hub(
             MedusaHeads.from_pretrained(heads_dir), "alice/heads", endpoint="http://127.0.0.1:9", token=TOKEN
         )
+
+
+def test_drafting_artifacts_push_with_their_own_card_and_policy(tmp_path, monkeypatch):
+    """A sequential drafter and Hydra-style heads push like heads: byte-identical files, their kind's card, a
+    dynamic tree.json beside them (a static one is refused before anything is uploaded)."""
+    import huggingface_hub.constants
+
+    from medusa_lite import DynamicTree
+    from medusa_lite.drafter import DrafterConfig, SequentialDrafter
+    from medusa_lite.hydra import HydraConfig, HydraHeads
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # conftest sets offline mode
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost,::1")
+    artifacts = {
+        "hydra": (HydraHeads(HydraConfig(num_heads=3, hidden_size=8, vocab_size=16)), "Hydra-style heads"),
+        "drafter": (
+            SequentialDrafter(
+                DrafterConfig(
+                    hidden_size=8, vocab_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16
+                )
+            ),
+            "Sequential drafter",
+        ),
+    }
+    with HubServer() as hub:
+        for name, (module, title) in artifacts.items():
+            folder = tmp_path / name
+            module.save_pretrained(folder)
+            write_tree_file(folder / "tree.json", Tree(((0,),)), {}, DynamicTree(5, (1.0, 1.1, 1.2, 1.3)))
+            push_heads_to_hub(folder, f"alice/{name}", endpoint=hub.url, token=TOKEN)
+            files = assert_pushed(hub, f"alice/{name}", folder, extra=("tree.json",))
+            assert title in files["README.md"].decode()
+            write_tree_file(folder / "tree.json", Tree(((0,), (0, 0))), {})
+            with pytest.raises(HeadsFileError, match="must be a dynamic tree"):
+                push_heads_to_hub(folder, f"alice/{name}-static", endpoint=hub.url, token=TOKEN)
+            assert f"alice/{name}-static" not in hub.repos
+        assert hub.unexpected == []
