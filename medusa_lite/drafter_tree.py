@@ -1,6 +1,10 @@
-"""Decoding with a sequential drafter: its KV cache, and draft trees grown by its confidence.
+"""Draft trees grown by a drafter's confidence, and the sequential drafter's KV cache.
 
-The cache holds one entry per committed pair (target feature h_i, token x_{i+1}); see
+:func:`grow_by_confidence` and :func:`proposal_by_cost` serve every drafter that guesses depth d
+from its own depth d - 1 (the sequential drafter here, Hydra-style heads in
+:mod:`medusa_lite.hydra_proposer`); each supplies only how a frontier node is expanded.
+
+The sequential drafter's cache holds one entry per committed pair (target feature h_i, token x_{i+1}); see
 :mod:`medusa_lite.drafter` for the positions. A step (EAGLE-2's draft tree):
 
 1. the last committed entry's output gives the root's children: its top-k tokens are depth 1;
