@@ -300,7 +300,7 @@ def test_out_of_draft_targets_count_as_misses_but_not_in_the_cross_entropy():
     assert stats.mean_ce() == pytest.approx([first.item(), second.item()], rel=1e-5)  # over predictable targets only
     # every predictable target sits at some rank of 5 logits: top-5 accuracy = share of predictable targets
     assert stats.topk_cumulative() == pytest.approx([4 / 6, 4 / 5])
-    assert rank_hits(logits.detach(), torch.full((6, 2), OUT_OF_DRAFT), 3).sum() == 0
+    assert rank_hits(logits.detach(), torch.full((6, 2), OUT_OF_DRAFT), 3)[0].sum() == 0
 
 
 def test_heads_objective_with_a_draft_vocab_matches_brute_force(base):
@@ -311,21 +311,27 @@ def test_heads_objective_with_a_draft_vocab_matches_brute_force(base):
     targets[0, 0] = heads.draft_token_ids[3]  # at least one in and one out of the draft vocabulary
     targets[1, 0] = int(torch.nonzero(~torch.isin(torch.arange(VOCAB), heads.draft_token_ids))[0])
     targets[2, 1] = IGNORE
+    logits = lm_head(heads(hidden))[..., heads.draft_token_ids]  # [9, 2, D]
+    top1 = heads.draft_token_ids[logits.argmax(dim=-1)]
+    targets[3:7, 0] = top1[3:7, 0]  # rows 3-6 right at head 1, rows 3-4 and 7 at head 2: a chain of 2 in rows 3-4
+    targets[3:5, 1], targets[7, 1] = top1[3:5, 1], top1[7, 1]
     objective = HeadsObjective(heads, lm_head, LossSettings(weights=[1.0, 0.5]))
     loss, vector = objective(hidden, targets, topk=3)
     stats = HeadStats.from_vector(vector, 2, 3)
-    logits = lm_head(heads(hidden))[..., heads.draft_token_ids]  # [9, 2, D]
     torch.testing.assert_close(heads_logits(heads, heads(hidden), lm_head), logits)
     inside = torch.isin(targets, heads.draft_token_ids)
-    expected, hits = 0.0, []
+    expected, hits, right_so_far, chain = 0.0, [], torch.ones(9, dtype=torch.bool), []
     for k, weight in enumerate([1.0, 0.5]):
         rows = inside[:, k]
         draft_index = (targets[rows, k, None] == heads.draft_token_ids).float().argmax(dim=-1)
         expected = expected + weight * F.cross_entropy(logits[rows, k], draft_index)
         guesses = heads.draft_token_ids[logits[:, k].topk(3).indices]  # full ids, as decoding sees them
         hits.append([int(((guesses[:, r] == targets[:, k]) & (targets[:, k] != IGNORE)).sum()) for r in range(3)])
+        right_so_far &= guesses[:, 0] == targets[:, k]  # a greedy chain: top-1 right at every head so far
+        chain.append(int(right_so_far.sum()))
     torch.testing.assert_close(loss, expected)
     assert stats.rank_hits.tolist() == hits
+    assert stats.chain_hits.tolist() == chain and chain[1] >= 2 and stats.chain_count.tolist() == [9, 8]
     assert stats.count.tolist() == [9, 8] and stats.ce_count.tolist() == inside.sum(dim=0).tolist()
 
 

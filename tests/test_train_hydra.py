@@ -41,6 +41,8 @@ def test_hydra_heads_learn_every_depth_on_held_out_data(trained):
     assert summary["drafter"] == "hydra"
     top1 = summary["top1_accuracy"]
     assert len(top1) == 3 and min(top1) > 0.5, f"held-out top-1 per depth {top1} (chance {CHANCE:.2g})"
+    chain = summary["chain_top1_accuracy"]  # right at every depth so far (chance: CHANCE ** depth)
+    assert len(chain) == 3 and chain[0] == top1[0] and chain[2] > 0.5, chain
     losses = [entry["train/loss"] for entry in trained.history if "train/loss" in entry]
     assert losses[-1] < 0.5 * losses[0]
 

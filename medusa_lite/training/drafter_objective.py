@@ -108,8 +108,7 @@ class DrafterObjective(nn.Module):
     beside it.
 
     ``forward`` returns ``(loss, vector)``: the :class:`~medusa_lite.training.losses.HeadStats`
-    vector over depths (per-depth accuracy given the earlier depths right), then per depth the
-    chain hits and chain positions (counted only when gradients are off: evaluation).
+    vector over depths (per-depth accuracy given the earlier depths right, and the chain counts).
     """
 
     def __init__(
@@ -167,27 +166,4 @@ class DrafterObjective(nn.Module):
             loss = loss + settings.feature_weight * feature_regression(
                 normalised, teacher, row_targets != IGNORE, weights
             )
-        chain = (
-            chain_counts(drafter, rows, row_targets, base_lm_head, settings.chunk_size)
-            if not torch.is_grad_enabled()
-            else torch.zeros(2 * self.depth, dtype=torch.float64, device=rows.device)
-        )
-        return loss, torch.cat([stats.as_vector().double(), chain])
-
-
-def chain_counts(
-    drafter: SequentialDrafter, rows: torch.Tensor, targets: torch.Tensor, base_lm_head: nn.Module, chunk_size: int
-) -> torch.Tensor:
-    """[2K]: per depth d, positions whose top-1 guesses are right at every depth 1..d, then positions with targets at
-    all of 1..d.
-    """
-    depth = targets.shape[1]
-    hits = torch.zeros(depth, dtype=torch.float64, device=rows.device)
-    counts = torch.zeros(depth, dtype=torch.float64, device=rows.device)
-    for start in range(0, rows.shape[0], chunk_size):
-        guesses = drafter.project(rows[start : start + chunk_size], base_lm_head).argmax(dim=-1)
-        part = targets[start : start + chunk_size]
-        right = (guesses == part) & (part >= 0)
-        hits += right.int().cummin(dim=1).values.sum(dim=0).double()
-        counts += (part != IGNORE).int().cummin(dim=1).values.sum(dim=0).double()
-    return torch.cat([hits, counts])
+        return loss, stats.as_vector()

@@ -122,7 +122,7 @@ class BatchSource:
 
 
 def forward_sequences(objective, source: BatchSource, indices: list[int], topk: int):
-    """A sequential drafter's (loss, stats vector with the chain counts, positions trained)."""
+    """A sequential drafter's (loss, stats vector, positions trained)."""
     hidden, batch = source.hidden_and_tokens(indices)
     loss, vector = objective(hidden, batch["input_ids"], batch["loss_mask"], topk=topk)
     positions = int(
@@ -135,7 +135,7 @@ def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: b
     """(loss, per-head stats vector counting ``topk`` ranks, Medusa-2 base KL or None, positions trained)."""
     if source.sequential:
         loss, vector, positions = forward_sequences(objective, source, indices, topk)
-        return loss, vector[: -2 * source.num_heads], None, positions
+        return loss, vector, None, positions
     if medusa2:
         batch = source.tokens(indices)
         loss, vector = objective(batch["input_ids"], batch["attention_mask"], batch["loss_mask"], topk=topk)
@@ -151,73 +151,48 @@ def forward_batch(objective, source: BatchSource, indices: list[int], medusa2: b
 # -- evaluation ---------------------------------------------------------------------------------
 
 
-@dataclass
-class Evaluation:
-    """Held-out sums: per-head (per-depth) stats and, for a sequential drafter, its chain counts."""
-
-    stats: HeadStats
-    chain_hits: torch.Tensor | None = None  # [K] positions whose top-1 is right at every depth 1..d
-    chain_count: torch.Tensor | None = None  # [K] positions with a target at every depth 1..d
-
-
-def evaluate(objective, source: BatchSource, num_samples: int, config: TrainConfig, medusa2: bool) -> Evaluation:
+def evaluate(objective, source: BatchSource, num_samples: int, config: TrainConfig, medusa2: bool) -> HeadStats:
     """Per-head sums over the whole held-out split (every rank evaluates all of it: same result everywhere)."""
     k = config.num_heads
-    result = Evaluation(HeadStats.zeros(k, config.topk))
-    if source.sequential:
-        result.chain_hits, result.chain_count = (
-            torch.zeros(k, dtype=torch.float64),
-            torch.zeros(k, dtype=torch.float64),
-        )
+    stats = HeadStats.zeros(k, config.topk)
     objective.eval()
     with torch.no_grad():
         for start in range(0, num_samples, config.batch_size):
             indices = list(range(start, min(start + config.batch_size, num_samples)))
-            if source.sequential:
-                _, vector, _ = forward_sequences(objective, source, indices, config.topk)
-                vector = vector.detach().double().cpu()
-                result.chain_hits += vector[-2 * k : -k]
-                result.chain_count += vector[-k:]
-                vector = vector[: -2 * k]
-            else:
-                _, vector, _, _ = forward_batch(objective, source, indices, medusa2, topk=config.topk)
-            result.stats.add(HeadStats.from_vector(vector.detach().double().cpu(), k, config.topk))
+            _, vector, _, _ = forward_batch(objective, source, indices, medusa2, topk=config.topk)
+            stats.add(HeadStats.from_vector(vector.detach().double().cpu(), k, config.topk))
     objective.train()
-    return result
+    return stats
 
 
-def accuracy_report(evaluation: Evaluation, topk: int) -> dict:
-    """Held-out accuracy per head (for a sequential drafter: per depth, given the earlier depths right, and its chain
-    accuracy).
+def accuracy_report(stats: HeadStats, topk: int) -> dict:
+    """Held-out accuracy per head (for a sequential drafter: per depth, given the earlier depths right), and the
+    chain accuracy: top-1 right at every head (depth) 1..d, what a greedy chain of depth d accepts whole.
     """
-    stats = evaluation.stats
-    report = {
+    return {
         "top1_accuracy": [round(v, 4) for v in stats.top1()],
         f"top{topk}_accuracy": [round(v, 4) for v in stats.topk_cumulative()],
         "topk_accuracy": [[round(v, 4) for v in row] for row in stats.rank_accuracy()],
+        "chain_top1_accuracy": [round(v, 4) for v in stats.chain_top1()],
         "eval_loss": [round(v, 4) for v in stats.mean_ce()],
         "eval_positions": [int(c) for c in stats.count.tolist()],
     }
-    if evaluation.chain_hits is not None:
-        report["chain_top1_accuracy"] = [
-            round(float(h / max(c, 1)), 4) for h, c in zip(evaluation.chain_hits, evaluation.chain_count)
-        ]
-    return report
 
 
-def describe_accuracy(report: dict, topk: int) -> str:
+def describe_accuracy(report: dict, topk: int, drafter: str) -> str:
+    """One log line of held-out accuracy; a drafter that reads its own draft (``config.drafter`` sequential or
+    hydra) is described per depth, Medusa heads per head."""
+    unit = "head" if drafter == "medusa_heads" else "depth"
     pairs = [
-        f"head {k + 1}: {a:.3f}/{b:.3f}"
+        f"{unit} {k + 1}: {a:.3f}/{b:.3f}"
         for k, (a, b) in enumerate(zip(report["top1_accuracy"], report[f"top{topk}_accuracy"]))
     ]
-    text = f"held-out top-1/top-{topk} accuracy: " + ", ".join(pairs)
-    if "chain_top1_accuracy" in report:
-        text = (
-            text.replace("head ", "depth ")
-            + "; chain top-1 (right at every depth so far): "
-            + " / ".join(f"{a:.3f}" for a in report["chain_top1_accuracy"])
-        )
-    return text
+    chain = " / ".join(f"{a:.3f}" for a in report["chain_top1_accuracy"])
+    return (
+        f"held-out top-1/top-{topk} accuracy: "
+        + ", ".join(pairs)
+        + f"; chain top-1 (right at every {unit} so far): {chain}"
+    )
 
 
 # -- logging ------------------------------------------------------------------------------------
@@ -627,9 +602,7 @@ def restore(run: Run, resume: bool) -> None:
     log.say(f"resuming from {latest[1]} at step {run.start_step}/{run.total_steps}")
 
 
-def make_summary(
-    run: Run, tokens_trained: int, run_tokens: int, step_seconds: float, final: Evaluation | None
-) -> dict:
+def make_summary(run: Run, tokens_trained: int, run_tokens: int, step_seconds: float, final: HeadStats | None) -> dict:
     """The ``training_summary`` stored in the heads' config.json (and shown on the model card)."""
     config, data = run.config, run.data
     summary = {
@@ -667,7 +640,7 @@ def make_summary(
     if final is not None:
         report = accuracy_report(final, config.topk)
         summary.update(report)
-        run.log.say(describe_accuracy(report, config.topk))
+        run.log.say(describe_accuracy(report, config.topk, config.drafter))
         run.log.record({f"eval/{k}": v for k, v in report.items()}, step=run.total_steps)
     return summary
 
@@ -777,7 +750,7 @@ def run_steps(run: Run) -> tuple[int, int, float]:
             report = accuracy_report(
                 evaluate(objective, run.eval_source, len(run.data.eval), config, run.medusa2), config.topk
             )
-            log.say(f"step {done}: " + describe_accuracy(report, config.topk))
+            log.say(f"step {done}: " + describe_accuracy(report, config.topk, config.drafter))
             log.record({f"eval/{k}": v for k, v in report.items()}, step=done)
         if done % config.checkpoint_every == 0 or done == run.total_steps:
             new_tokens = int(accelerator.reduce(torch.tensor([local_tokens], device=accelerator.device), "sum").item())

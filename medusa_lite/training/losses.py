@@ -107,8 +107,8 @@ def kl_per_row(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> to
     return (teacher_logp.exp() * (teacher_logp - student_logp)).sum(dim=-1)
 
 
-def rank_hits(logits: torch.Tensor, targets: torch.Tensor, topk: int) -> torch.Tensor:
-    """[C, K, V] logits, [C, K] targets -> [K, topk] count of targets found at each rank.
+def rank_hits(logits: torch.Tensor, targets: torch.Tensor, topk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[C, K, V] logits, [C, K] targets -> ([K, topk] count of targets found at each rank, [C, K] top-1 right).
 
     ``IGNORE`` and ``OUT_OF_DRAFT`` targets are never found (they are negative, ranks' indices are not).
     """
@@ -117,7 +117,18 @@ def rank_hits(logits: torch.Tensor, targets: torch.Tensor, topk: int) -> torch.T
     counts = hits.sum(dim=0)
     if counts.shape[-1] < topk:
         counts = F.pad(counts, (0, topk - counts.shape[-1]))
-    return counts
+    return counts, hits[..., 0]
+
+
+def chain_hits(top1_right: torch.Tensor) -> torch.Tensor:
+    """[C, K] top-1 right per row and head (depth) -> [K]: rows right at every depth 1..d, what a greedy chain of
+    depth d accepts whole."""
+    return top1_right.int().cummin(dim=1).values.sum(dim=0)
+
+
+def chain_positions(targets: torch.Tensor) -> torch.Tensor:
+    """[P, K] targets -> [K]: rows with a target at every depth 1..d (the chain accuracy's denominator)."""
+    return (targets != IGNORE).int().cummin(dim=1).values.sum(dim=0)
 
 
 @dataclass
@@ -133,27 +144,44 @@ class HeadStats:
     count: torch.Tensor  # [K]
     ce_count: torch.Tensor  # [K]
     rank_hits: torch.Tensor  # [K, topk]
+    chain_hits: torch.Tensor  # [K] positions whose top-1 is right at every head (depth) 1..d
+    chain_count: torch.Tensor  # [K] positions with a target at every head (depth) 1..d
 
     @classmethod
     def zeros(cls, num_heads: int, topk: int, device=None) -> HeadStats:
         z = lambda *shape: torch.zeros(*shape, dtype=torch.float64, device=device)  # noqa: E731
-        return cls(z(num_heads), z(num_heads), z(num_heads), z(num_heads), z(num_heads, topk))
+        k = num_heads
+        return cls(z(k), z(k), z(k), z(k), z(k, topk), z(k), z(k))
 
     def add(self, other: HeadStats) -> None:
-        self.ce_sum += other.ce_sum.double()
-        self.kl_sum += other.kl_sum.double()
-        self.count += other.count.double()
-        self.ce_count += other.ce_count.double()
-        self.rank_hits += other.rank_hits.double()
+        for name in self.__dataclass_fields__:
+            getattr(self, name).add_(getattr(other, name).double())
 
     def as_vector(self) -> torch.Tensor:
-        return torch.cat([self.ce_sum, self.kl_sum, self.count, self.ce_count, self.rank_hits.flatten()])
+        parts = (self.ce_sum, self.kl_sum, self.count, self.ce_count, self.rank_hits.flatten())
+        return torch.cat([*parts, self.chain_hits, self.chain_count])
+
+    @classmethod
+    def vector_size(cls, num_heads: int, topk: int) -> int:
+        return num_heads * (6 + topk)
 
     @classmethod
     def from_vector(cls, vector: torch.Tensor, num_heads: int, topk: int) -> HeadStats:
         k = num_heads
+        if vector.numel() != cls.vector_size(k, topk):
+            raise ValueError(
+                f"a stats vector of {k} heads and top-{topk} has {cls.vector_size(k, topk)} values, got "
+                f"{vector.numel()}"
+            )
+        ranks_end = 4 * k + k * topk
         return cls(
-            vector[:k], vector[k : 2 * k], vector[2 * k : 3 * k], vector[3 * k : 4 * k], vector[4 * k :].view(k, topk)
+            vector[:k],
+            vector[k : 2 * k],
+            vector[2 * k : 3 * k],
+            vector[3 * k : 4 * k],
+            vector[4 * k : ranks_end].view(k, topk),
+            vector[ranks_end : ranks_end + k],
+            vector[ranks_end + k :],
         )
 
     def mean_ce(self) -> list[float]:
@@ -170,6 +198,10 @@ class HeadStats:
     def topk_cumulative(self) -> list[float]:
         return [sum(row) for row in self.rank_accuracy()]
 
+    def chain_top1(self) -> list[float]:
+        """[d]: fraction of positions whose top-1 guesses are right at every head (depth) 1..d."""
+        return (self.chain_hits / self.chain_count.clamp(min=1)).tolist()
+
 
 def chunk_loss(
     logits: torch.Tensor,
@@ -179,8 +211,8 @@ def chunk_loss(
     kl_scale: torch.Tensor,
     distill_weight: float,
     topk: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Loss contribution and per-head sums of one chunk of rows.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Loss contribution and per-head sums of one chunk of rows (CE, KL, rank hits, chain hits).
 
     ``ce_scale[k]`` = head weight / number of predictable targets of head k in the whole batch
     (``kl_scale[k]``: / number of all its targets, ``OUT_OF_DRAFT`` included: the distribution
@@ -199,8 +231,8 @@ def chunk_loss(
         kl_sum = (kl_per_row(logits, teacher_logits) * valid).sum(dim=0)
     loss = (ce_scale * ce_sum + distill_weight * kl_scale * kl_sum).sum()
     with torch.no_grad():
-        hits = rank_hits(logits.detach(), targets, topk)
-    return loss, ce_sum.detach(), kl_sum.detach(), hits
+        hits, top1_right = rank_hits(logits.detach(), targets, topk)
+    return loss, ce_sum.detach(), kl_sum.detach(), hits, chain_hits(top1_right)
 
 
 def head_loss(
@@ -243,13 +275,17 @@ def head_loss(
         part = slice(start, start + chunk_size)
         args = (head_hidden[part], targets[part], teacher_hidden[part] if use_teacher else None)
         if num_rows > chunk_size and torch.is_grad_enabled():
-            loss, ce_sum, kl_sum, hits = checkpoint(run, *args, use_reentrant=False)
+            loss, ce_sum, kl_sum, hits, chain = checkpoint(run, *args, use_reentrant=False)
         else:
-            loss, ce_sum, kl_sum, hits = run(*args)
+            loss, ce_sum, kl_sum, hits, chain = run(*args)
         total = total + loss
-        stats.add(HeadStats(ce_sum, kl_sum, torch.zeros_like(ce_sum), torch.zeros_like(ce_sum), hits))
+        stats.ce_sum += ce_sum.double()
+        stats.kl_sum += kl_sum.double()
+        stats.rank_hits += hits.double()
+        stats.chain_hits += chain.double()
     stats.count += count.double()
     stats.ce_count += ce_count.double()
+    stats.chain_count += chain_positions(targets).double()
     return total, stats
 
 
