@@ -41,9 +41,10 @@ from medusa_lite.prepack import prepack_layout
 from medusa_lite.tree import Tree
 from medusa_lite.verify import keep_accepted_in_cache, verify_tree
 
-COSTS_FORMAT = "medusa-lite-costs/6"  # /2: heads_cost became proposal_cost; /3: the key's prepack layout; /4: oneDNN;
+COSTS_FORMAT = "medusa-lite-costs/7"  # /2: heads_cost became proposal_cost; /3: the key's prepack layout; /4: oneDNN;
 # /5: the drafter's one-row products packed, and its drafting stopped sooner; /6: the drafter's weights packed in
-# bfloat16, its attention grouped (drafting cheaper)
+# bfloat16, its attention grouped (drafting cheaper); /7: few-row verifications cheaper than a plain step kept so
+# (they were clamped to 1, every row priced free)
 COSTS_FOLDER = "costs"
 # Row counts timed; the others take the next larger measured size's cost (never an underestimate).
 CALIBRATION_ROWS = (1, 2, 3, 4, 6, 8, 11, 14, 20)
@@ -212,11 +213,28 @@ def measure_row_costs(
                 samples[name].append(time.perf_counter() - began)
             keep_accepted_in_cache(cache, CALIBRATION_PREFIX_TOKENS, NO_NODES)  # back to the bare prefix
     unit = statistics.median(samples["plain"])
-    # A verification does at least a plain step's work: a ratio below 1 is timing noise.
-    measured = {size: max(1.0, statistics.median(samples[size]) / unit) for size in sizes}
-    row_costs = tuple(next(measured[size] for size in sizes if size >= rows) for rows in range(1, max_rows + 1))
+    row_costs = row_costs_from_ratios({size: statistics.median(samples[size]) / unit for size in sizes}, max_rows)
     proposal_cost = statistics.median(samples["proposal"]) / unit if proposal is not None else 0.0
     return StepCosts(row_costs, proposal_cost, 1000 * unit, cost_key(model, proposal), time.perf_counter() - start)
+
+
+def row_costs_from_ratios(ratios: dict[int, float], max_rows: int) -> tuple[float, ...]:
+    """``row_costs`` for 1..``max_rows`` rows from the measured sizes' time over a plain step's (``ratios``).
+
+    A one-row verification takes the plain step's own path, so below 1 it is timing noise. From two rows on a
+    verification may take a faster path than the plain step (the packed few-row kernel, where the target's one-row
+    products stay PyTorch's and that path is slow, as on some AMD EPYCs): a ratio below 1 is then real, and
+    clamping it to 1 would price every row up to the largest as free. Those sizes are made non-decreasing instead
+    (more rows never cost less than fewer on one path); a size not measured takes the next larger measured one's
+    cost (never an underestimate).
+    """
+    sizes = sorted(ratios)
+    measured, floor = {}, 0.0
+    for size in sizes:
+        cost = max(1.0, ratios[size]) if size == 1 else max(ratios[size], floor)
+        measured[size] = cost
+        floor = cost if size > 1 else floor
+    return tuple(next(measured[size] for size in sizes if size >= rows) for rows in range(1, max_rows + 1))
 
 
 def read_cached_costs(path: Path, key: dict, max_rows: int) -> StepCosts | None:

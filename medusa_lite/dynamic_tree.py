@@ -67,7 +67,8 @@ class DynamicTree:
             raise TreeError(
                 f"row_costs must be a non-empty list of positive step costs by verified rows, got {list(costs)!r}"
             )
-        object.__setattr__(self, "row_costs", monotone(tuple(float(cost) for cost in costs)))
+        costs = tuple(float(cost) for cost in costs)
+        object.__setattr__(self, "row_costs", costs[:1] + monotone(costs[1:]))
         if not is_positive_number(self.tokens_per_cost):
             raise TreeError(f"tokens_per_cost must be a positive number, got {self.tokens_per_cost!r}")
         if not (self.proposal_cost == 0 or is_positive_number(self.proposal_cost)):
@@ -149,8 +150,10 @@ def is_positive_number(value: object) -> bool:
 def monotone(costs: tuple[float, ...]) -> tuple[float, ...]:
     """The closest non-decreasing costs in least squares (pool-adjacent-violators).
 
-    A step never gets cheaper by verifying more rows; measured costs sometimes do, by timing
-    noise, and averaging the offending neighbours removes that without favouring either.
+    A step never gets cheaper by verifying more rows on one path; measured costs sometimes do, by
+    timing noise, and averaging the offending neighbours removes that without favouring either.
+    :class:`DynamicTree` applies it from two rows on: a one-row step may take a slower path than
+    few-row products (PyTorch's one-row linear against the packed kernel, :mod:`medusa_lite.costs`).
     """
     blocks: list[list[float]] = []  # [sum, count] of pooled neighbours
     for cost in costs:

@@ -7,6 +7,7 @@ import torch
 from tiny_models import OracleMedusaModel, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import DynamicTree, Tree, TreeError, generate
+from medusa_lite.costs import row_costs_from_ratios
 from medusa_lite.dynamic_tree import UNMEASURED_ROW_COSTS, chain_prefixes, chain_ranks, row_costs_from_table
 from medusa_lite.loading import read_tree_file, write_tree_file
 from medusa_lite.tree import best_tree, ranked_paths
@@ -83,6 +84,20 @@ def test_costs_are_made_monotone_and_extrapolated():
     assert policy.row_costs == pytest.approx((1.0, 1.15, 1.15, 1.3))  # the dip averaged away
     assert policy.cost(8) == pytest.approx(2.6)
     assert DynamicTree(5, (1.0, 1.3, 1.1, 1.0, 1.4)).row_costs == pytest.approx((1.0, 3.4 / 3, 3.4 / 3, 3.4 / 3, 1.4))
+    # a one-row step slower than few-row ones (PyTorch's one-row path against the packed kernel) stays so: pooled with
+    # them, it would price every extra row as free
+    assert DynamicTree(4, (1.05, 0.65, 0.7, 0.8)).row_costs == pytest.approx((1.05, 0.65, 0.7, 0.8))
+
+
+def test_extra_rows_are_priced_when_few_rows_are_cheaper_than_a_plain_step():
+    """On a CPU whose one-row linear is slow, 2..14 rows measure below a plain step: their growth must survive."""
+    ratios = {1: 1.04, 2: 0.64, 3: 0.62, 4: 0.66, 8: 0.74, 14: 0.97}  # 3 rows: timing noise below 2 rows
+    costs = row_costs_from_ratios(ratios, 14)
+    assert costs[0] == 1.04 and costs[1] == costs[2] == 0.64 and costs[3] == 0.66
+    assert costs[4:8] == (0.74,) * 4 and costs[8:] == (0.97,) * 6  # unmeasured sizes: the next larger measured one
+    policy = DynamicTree(14, costs)
+    assert policy.cost(14) - policy.cost(2) == pytest.approx(0.33)  # 12 more rows cost a third of a plain step
+    assert row_costs_from_ratios({1: 0.97, 2: 1.02}, 2) == (1.0, 1.02)  # one row is the plain step's path: noise
     table = [
         {"num_nodes": 1, "relative_cost": 1.0},
         {"num_nodes": 4, "relative_cost": 1.2},
