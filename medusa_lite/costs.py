@@ -231,9 +231,10 @@ def row_costs_from_ratios(ratios: dict[int, float], max_rows: int) -> tuple[floa
     sizes = sorted(ratios)
     measured, floor = {}, 0.0
     for size in sizes:
-        cost = max(1.0, ratios[size]) if size == 1 else max(ratios[size], floor)
-        measured[size] = cost
-        floor = cost if size > 1 else floor
+        if size == 1:
+            measured[size] = max(1.0, ratios[size])
+        else:
+            floor = measured[size] = max(ratios[size], floor)
     return tuple(next(measured[size] for size in sizes if size >= rows) for rows in range(1, max_rows + 1))
 
 
