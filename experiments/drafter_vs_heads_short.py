@@ -31,7 +31,7 @@ from medusa_lite.heads import MedusaHeads
 from medusa_lite.loading import DEFAULT_HEADS_DIR, load_target
 from medusa_lite.training.data import collate
 from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_features
-from medusa_lite.training.losses import IGNORE, head_targets, to_draft_targets
+from medusa_lite.training.losses import IGNORE, chain_hits, chain_positions, head_targets, to_draft_targets
 from medusa_lite.training.objective import LossSettings, last_hidden
 
 
@@ -57,13 +57,10 @@ def accuracy(guesses: torch.Tensor, targets: torch.Tensor) -> dict:
     """guesses/targets [P, K] (draft indices; negative targets: none or out of the draft vocabulary)."""
     present = targets != IGNORE
     right = (guesses == targets) & (targets >= 0)
-    chain_present = present.int().cummin(dim=1).values.bool()
-    chain_right = right.int().cummin(dim=1).values.bool()
+    chain_right, chain_present = chain_hits(right), chain_positions(targets)
     return {
         "top1": [round(float(right[:, d].sum() / present[:, d].sum()), 4) for d in range(targets.shape[1])],
-        "chain_top1": [
-            round(float(chain_right[:, d].sum() / chain_present[:, d].sum()), 4) for d in range(targets.shape[1])
-        ],
+        "chain_top1": [round(float(chain_right[d] / chain_present[d]), 4) for d in range(targets.shape[1])],
         "positions": int(present[:, 0].sum()),
     }
 
