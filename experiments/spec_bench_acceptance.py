@@ -20,12 +20,15 @@ import argparse
 import json
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from common import SPEC_BENCH_QUESTIONS, categories_in_order, read_questions, stratified_subset
 from medusa_lite import generate, load
+from medusa_lite.drafter_proposer import SequentialDrafterProposer
+from medusa_lite.hydra_proposer import HydraProposer
 from medusa_lite.measure import chat_input_ids, machine_info, plain_generate
 from medusa_lite.sampling import SamplingSettings
 
@@ -54,6 +57,7 @@ def question_record(model, tokenizer, question: dict, max_new_tokens: int) -> di
         "question_id": question["question_id"],
         "category": question["category"],
         "new_tokens": stats.new_tokens,
+        "tokens": new,
         "steps": stats.steps,
         "tokens_per_step": list(stats.tokens_per_step),
         "plain_steps": stats.plain_steps,
@@ -106,6 +110,17 @@ def summary_of(records: list[dict]) -> dict:
     }
 
 
+def with_drafter_settings(proposer, args: argparse.Namespace):
+    """``proposer`` with the --drafter-* settings given, if it is a drafter (an unpriced fixed budget with
+    --drafter-nodes)."""
+    if not isinstance(proposer, (SequentialDrafterProposer, HydraProposer)):
+        return proposer
+    changes = {"depth": args.drafter_depth, "topk": args.drafter_topk}
+    if args.drafter_nodes is not None:
+        changes.update(max_new_nodes=args.drafter_nodes, costs=None)
+    return replace(proposer, **{name: value for name, value in changes.items() if value is not None})
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--heads", default=None, help="heads or drafter folder (default: what load() ships)")
@@ -116,6 +131,13 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", required=True)
+    ceiling = parser.add_argument_group(
+        "drafter settings (default: as load() gives them); with --drafter-nodes every step verifies that many "
+        "drafter nodes, unpriced: the acceptance a bigger tree buys, not a shipping setting"
+    )
+    ceiling.add_argument("--drafter-depth", type=int, default=None)
+    ceiling.add_argument("--drafter-topk", type=int, default=None)
+    ceiling.add_argument("--drafter-nodes", type=int, default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -124,6 +146,7 @@ def main() -> None:
     done = [json.loads(line) for line in progress.read_text().splitlines()] if progress.exists() else []
     finished = {record["question_id"] for record in done}
     model, tokenizer = load(heads=args.heads, dtype=torch.float32)
+    model.proposers = tuple(with_drafter_settings(p, args) for p in model.proposers)
     questions = read_questions(args.questions)
     questions = questions if args.full else stratified_subset(questions, args.quick)
     started = time.perf_counter()
@@ -141,6 +164,7 @@ def main() -> None:
     summary = summary_of(records)
     settings = {
         "heads": args.heads or "shipped default",
+        "drafter_settings": {"depth": args.drafter_depth, "topk": args.drafter_topk, "nodes": args.drafter_nodes},
         "max_new_tokens": args.max_new_tokens,
         "machine": machine_info(torch.float32, model.base_model),
         "seconds_this_run": time.perf_counter() - started,
