@@ -30,9 +30,9 @@ from transformers import AutoModelForCausalLM
 
 from common import BENCHMARKS, SPEC_BENCH_QUESTIONS, read_questions, stratified_subset
 from medusa_lite import DraftModelProposer, MedusaModel, generate
-from medusa_lite.draft_model import DEFAULT_DRAFT_TOKENS
-from medusa_lite.loading import load_target
-from medusa_lite.measure import chat_input_ids
+from medusa_lite.artifacts.loading import load_target
+from medusa_lite.bench.measure import chat_input_ids
+from medusa_lite.proposers.draft_model import DEFAULT_DRAFT_TOKENS
 
 OUT = BENCHMARKS / "draft_model"
 

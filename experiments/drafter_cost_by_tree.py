@@ -3,12 +3,12 @@
     python experiments/drafter_cost_by_tree.py --threads 2 --out benchmarks/drafter_cost/costs.json
 
 For each drafting depth and ``topk`` (nodes expanded per depth, children offered per node), the
-package's own calibration (:func:`medusa_lite.costs.measure_row_costs`) times, over a cached
+package's own calibration (:func:`medusa_lite.trees.costs.measure_row_costs`) times, over a cached
 128-token prefix of the default model in float32 (packed as ``load()`` packs it), a plain
 one-token step and the drafter's whole per-step work as decoding does it
-(:func:`~medusa_lite.drafter_proposer.drafter_proposal`: taking in 3 committed pairs, growing the
+(:func:`~medusa_lite.drafters.sequential.proposer.drafter_proposal`: taking in 3 committed pairs, growing the
 candidate tree ``depth`` deep, ranking it), the drafter set up by ``load``'s own
-:func:`~medusa_lite.loading.drafter_proposer_for` and packed for its rows. A drafter of the
+:func:`~medusa_lite.artifacts.loading.drafter_proposer_for` and packed for its rows. A drafter of the
 default config's shape (``configs/smollm2_drafter.yaml``: draft vocabulary 8192) with fresh
 weights stands in for a trained one: what its forwards cost does not depend on the weights.
 """
@@ -22,12 +22,12 @@ from pathlib import Path
 import torch
 
 from medusa_lite import DynamicTree, load
-from medusa_lite.costs import measure_row_costs
-from medusa_lite.drafter import DrafterConfig, SequentialDrafter
-from medusa_lite.drafter_proposer import drafter_proposal
-from medusa_lite.kernels import cpu_capability, kernel_path
-from medusa_lite.loading import drafter_proposer_for
-from medusa_lite.measure import cpu_model
+from medusa_lite.artifacts.loading import drafter_proposer_for
+from medusa_lite.bench.measure import cpu_model
+from medusa_lite.cpu.kernels import cpu_capability, kernel_path
+from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.drafters.sequential.proposer import drafter_proposal
+from medusa_lite.trees.costs import measure_row_costs
 
 DRAFT_VOCAB = 8192  # configs/smollm2_drafter.yaml
 MAX_ROWS = 14  # what the default load() packs the target for

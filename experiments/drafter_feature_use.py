@@ -24,9 +24,9 @@ import torch
 
 from common import DRAFTER_CONFIG, config_split
 from drafter_vs_heads_short import evaluate_drafter, hidden_states
-from medusa_lite.drafter import SequentialDrafter
-from medusa_lite.loading import load_target
-from medusa_lite.measure import machine_info
+from medusa_lite.artifacts.loading import load_target
+from medusa_lite.bench.measure import machine_info
+from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 
 
 def zeroed(states: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -34,10 +34,10 @@ import torch
 
 from common import DRAFTER_CONFIG, config_split
 from drafter_vs_heads_short import batch_of, evaluate_drafter
-from medusa_lite.default_model import DEFAULT_MODEL_NAME
-from medusa_lite.drafter import DrafterConfig, SequentialDrafter
-from medusa_lite.loading import load_target
-from medusa_lite.measure import machine_info
+from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
+from medusa_lite.artifacts.loading import load_target
+from medusa_lite.bench.measure import machine_info
+from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.training.config import load_config
 from medusa_lite.training.data import collate
 from medusa_lite.training.draft_vocab import choose_draft_vocab

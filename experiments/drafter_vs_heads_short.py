@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from common import HEADS_CONFIG, config_split
-from medusa_lite.drafter import DrafterConfig, SequentialDrafter
-from medusa_lite.heads import MedusaHeads
-from medusa_lite.loading import DEFAULT_HEADS_DIR, load_target
+from medusa_lite.artifacts.loading import DEFAULT_HEADS_DIR, load_target
+from medusa_lite.drafters.medusa.heads import MedusaHeads
+from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.training.data import collate
 from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_features
 from medusa_lite.training.losses import IGNORE, chain_hits, chain_positions, head_targets, to_draft_targets

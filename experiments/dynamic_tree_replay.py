@@ -26,19 +26,19 @@ import torch
 
 from common import OUTPUTS, REPO_ROOT
 from lookup_policy_replay import CONTINUATIONS, MAX_NEW_TOKENS
+from medusa_lite.artifacts.loading import DEFAULT_HEADS_DIR, TREE_FILE_NAME, load, read_tree_file
 from medusa_lite.commands.options import set_threads
-from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
-from medusa_lite.dynamic_tree import DynamicTree, chain_ranks
-from medusa_lite.generate import (
+from medusa_lite.decoding.generate import (
     DEFAULT_DATASTORE_TOKENS,
     DEFAULT_LOOKUP_TOKENS,
     accepted_path,
     lookup_chain,
     tree_tokens,
 )
-from medusa_lite.loading import DEFAULT_HEADS_DIR, TREE_FILE_NAME, load, read_tree_file
-from medusa_lite.lookup import draft_tree, graft_chain
-from medusa_lite.tree import Tree
+from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
+from medusa_lite.proposers.lookup import draft_tree, graft_chain
+from medusa_lite.trees.dynamic_tree import DynamicTree, chain_ranks
+from medusa_lite.trees.tree import Tree
 
 WITH_PROBABILITIES = OUTPUTS / "dynamic_tree" / "continuations.pt"
 RESULTS = REPO_ROOT / "benchmarks" / "dynamic_tree" / "replay_results.json"

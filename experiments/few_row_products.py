@@ -5,7 +5,7 @@ by R random rows through each path this machine has, summed over the layers (ms,
 ``--repeats`` rounds, paths interleaved within a round so drift hits them alike):
 
 - ``pytorch``: ``F.linear``, the usual path (MKL's GEMM on x86 builds);
-- ``onednn``: ``medusa_lite.prepack.onednn_linear`` on the dense weight (the fallback);
+- ``onednn``: ``medusa_lite.cpu.prepack.onednn_linear`` on the dense weight (the fallback);
 - ``mkl_packed``: MKL's packed GEMM for exactly R rows (the fallback before oneDNN; its packing
   is excluded, and a real decode pays for padding to a row bucket);
 - ``row_gemm_avx512`` / ``row_gemm_avx2``: medusa-lite's kernel variants this CPU runs.
@@ -25,9 +25,9 @@ import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
 from medusa_lite import kernels
-from medusa_lite.default_model import ensure_default_model
-from medusa_lite.measure import machine_info, timed
-from medusa_lite.prepack import onednn_available, onednn_linear
+from medusa_lite.artifacts.default_model import ensure_default_model
+from medusa_lite.bench.measure import machine_info, timed
+from medusa_lite.cpu.prepack import onednn_available, onednn_linear
 
 ROW_COUNTS = (1, 2, 4, 8, 14, 20)
 WARMUP_ROUNDS = 2

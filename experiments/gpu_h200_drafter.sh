@@ -47,7 +47,7 @@ if [ "${INSTALL_WHEELS:-1}" = 1 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 5
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-python3 -c "import torch; from medusa_lite.default_model import ensure_default_model; print(ensure_default_model(torch.float32))" || exit 6
+python3 -c "import torch; from medusa_lite.artifacts.default_model import ensure_default_model; print(ensure_default_model(torch.float32))" || exit 6
 
 stamp "self-distil for ${DISTILL_SECONDS}s: magpie seeds [$MAGPIE_SEEDS], task seeds [$TASK_SEEDS], batch $BATCH"
 pids=()

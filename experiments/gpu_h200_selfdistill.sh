@@ -38,7 +38,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 
 stamp "convert the GGUF file once (float32 cache)"
-python3 -c "import torch; from medusa_lite.default_model import ensure_default_model; print(ensure_default_model(torch.float32))" || exit 6
+python3 -c "import torch; from medusa_lite.artifacts.default_model import ensure_default_model; print(ensure_default_model(torch.float32))" || exit 6
 
 stamp "self-distil for ${DISTILL_SECONDS}s: magpie seeds [$MAGPIE_SEEDS], task seeds [$TASK_SEEDS], batch $BATCH"
 pids=()  # a bare `wait` would also wait for the tee of the log

@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 
 from common import GREEDY, SPEC_BENCH_QUESTIONS, head_hits, read_questions, stratified_subset
+from medusa_lite.artifacts.loading import load_target
+from medusa_lite.bench.measure import chat_input_ids, plain_generate
 from medusa_lite.commands.options import set_threads
-from medusa_lite.heads import MedusaHeads
-from medusa_lite.loading import load_target
-from medusa_lite.measure import chat_input_ids, plain_generate
-from medusa_lite.model import MedusaModel
+from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.drafters.medusa.heads import MedusaHeads
 
 TOP_RANKS = 5
 

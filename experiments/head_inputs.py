@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from common import BENCHMARKS, HEADS_CONFIG, OUTPUTS, REPO_ROOT
-from medusa_lite.heads import DraftLMHead, ResBlock
-from medusa_lite.loading import load
+from medusa_lite.artifacts.loading import load
+from medusa_lite.drafters.medusa.heads import DraftLMHead, ResBlock
 from medusa_lite.training.config import load_config
 from medusa_lite.training.data import load_training_data
 from medusa_lite.training.losses import IGNORE, HeadStats, head_loss, head_targets, to_draft_targets

@@ -9,7 +9,7 @@ and token n+1 (the target's own next token, known when drafting starts):
   [h_n; E(x_{n+1})] only, so it guesses depth k without knowing what depths < k guessed;
 - ``hydra``: Hydra-style heads (Ankner et al. 2024): head k reads [h_n; E(x_{n+1}); ...;
   E(x_{n+k})], the tokens drafted before it (here the true ones: teacher forcing, as Hydra trains);
-  the package's ``HydraHeads`` (:mod:`medusa_lite.hydra`), otherwise built as the Medusa heads (one
+  the package's ``HydraHeads`` (:mod:`medusa_lite.drafters.hydra.heads`), otherwise built as the Medusa heads (one
   zero-initialised residual block, a linear input layer that starts as the identity on h_n, the
   draft vocabulary's rows of the frozen lm_head);
 - ``drafter``: the package's sequential drafter (one decoder layer over its own earlier depths, with a
@@ -41,10 +41,10 @@ from torch import nn
 
 from drafter_multilayer import side_by_side_inputs, train_steps
 from drafter_vs_heads_short import accuracy, batch_of, evaluate_drafter
-from medusa_lite.drafter import DrafterConfig, SequentialDrafter
-from medusa_lite.heads import MedusaConfig, MedusaHeads, draft_rows
-from medusa_lite.hydra import HydraConfig, HydraHeads
-from medusa_lite.measure import machine_info
+from medusa_lite.bench.measure import machine_info
+from medusa_lite.drafters.hydra.heads import HydraConfig, HydraHeads
+from medusa_lite.drafters.medusa.heads import MedusaConfig, MedusaHeads, draft_rows
+from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.training.drafter_objective import DrafterObjective
 from medusa_lite.training.losses import IGNORE, head_loss, head_targets, to_draft_targets
 from medusa_lite.training.objective import LossSettings

@@ -30,14 +30,14 @@ from pathlib import Path
 import torch
 
 from common import HEADS_CONFIG, OUTPUTS, REPO_ROOT, config_split, random_prefix, timed_step
-from medusa_lite.cache import reserved_cache
+from medusa_lite.artifacts.loading import DEFAULT_HEADS_DIR, load
 from medusa_lite.commands.options import set_threads
-from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
-from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS, accepted_path, generate, lookup_chain, tree_tokens
-from medusa_lite.loading import DEFAULT_HEADS_DIR, load
-from medusa_lite.lookup import copy_after_match, draft_tree, graft_chain, latest_match
-from medusa_lite.prepack import prepack_linears
-from medusa_lite.tree import Tree
+from medusa_lite.cpu.prepack import prepack_linears
+from medusa_lite.decoding.cache import reserved_cache
+from medusa_lite.decoding.generate import DEFAULT_LOOKUP_TOKENS, accepted_path, generate, lookup_chain, tree_tokens
+from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
+from medusa_lite.proposers.lookup import copy_after_match, draft_tree, graft_chain, latest_match
+from medusa_lite.trees.tree import Tree
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "lookup_policy"
 CONFIG = HEADS_CONFIG
@@ -66,7 +66,7 @@ CHAIN_LENGTHS = [
     for l3, l2, l1 in itertools.product([0, 1, 2, 3, 4, 6, 8], [0, 1, 2, 3, 4, 6], [0, 1, 2, 3])
     if l3 >= l2 >= l1
 ]
-# Datastore guesses per step (medusa_lite.datastore; the shipped file holds the training split's
+# Datastore guesses per step (medusa_lite.proposers.datastore; the shipped file holds the training split's
 # answers only), replayed with every tree and generate's own lookup_chain: its prompt-lookup chains
 # (2 per matched token, at most DEFAULT_LOOKUP_TOKENS = 6) are these lengths.
 SHIPPED_CHAIN = (6, 4, 2)

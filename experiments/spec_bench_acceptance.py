@@ -27,10 +27,10 @@ import torch
 
 from common import SPEC_BENCH_QUESTIONS, categories_in_order, read_questions, stratified_subset
 from medusa_lite import generate, load
-from medusa_lite.drafter_proposer import SequentialDrafterProposer
-from medusa_lite.hydra_proposer import HydraProposer
-from medusa_lite.measure import chat_input_ids, machine_info, plain_generate
-from medusa_lite.sampling import SamplingSettings
+from medusa_lite.bench.measure import chat_input_ids, machine_info, plain_generate
+from medusa_lite.decoding.sampling import SamplingSettings
+from medusa_lite.drafters.hydra.proposer import HydraProposer
+from medusa_lite.drafters.sequential.proposer import SequentialDrafterProposer
 
 
 def teacher_forced_greedy(model, input_ids: torch.Tensor, new_tokens: list[int]) -> bool:

@@ -18,8 +18,8 @@ from tqdm import tqdm
 
 from common import BENCHMARKS, categories_in_order, read_questions
 from medusa_lite import DynamicTree, generate, load
+from medusa_lite.bench.measure import chat_input_ids, machine_info
 from medusa_lite.commands.options import set_threads
-from medusa_lite.measure import chat_input_ids, machine_info
 
 MAX_NODES = 64
 FLAT_COSTS = (1.0,) * (MAX_NODES + 16)  # rows are free: keep every path up to MAX_NODES

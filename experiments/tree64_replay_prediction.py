@@ -9,9 +9,9 @@ import torch
 
 import lookup_policy_replay as replay
 from common import BENCHMARKS
-from medusa_lite.datastore import Datastore
-from medusa_lite.loading import read_tree_file
-from medusa_lite.tree import Tree
+from medusa_lite.artifacts.loading import read_tree_file
+from medusa_lite.proposers.datastore import Datastore
+from medusa_lite.trees.tree import Tree
 
 
 def main() -> None:

@@ -1,8 +1,10 @@
 """medusa-lite: exact Medusa-style speculative decoding for Hugging Face causal LMs."""
 
-from medusa_lite.datastore import Datastore, DatastoreError
-from medusa_lite.draft_model import DraftModelError, DraftModelProposer
-from medusa_lite.dynamic_tree import DynamicTree
+from medusa_lite.artifacts.loading import load
+from medusa_lite.decoding.generate import GenerationOutput, GenerationStats, generate
+from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.decoding.sampling import SamplingSettings, logits_to_probs
+from medusa_lite.drafters.medusa.heads import MedusaConfig, MedusaHeads
 from medusa_lite.errors import (
     AdapterError,
     ArtifactNotFoundError,
@@ -15,12 +17,7 @@ from medusa_lite.errors import (
     TreeError,
     UnsupportedModelError,
 )
-from medusa_lite.generate import GenerationOutput, GenerationStats, generate
-from medusa_lite.heads import MedusaConfig, MedusaHeads
-from medusa_lite.loading import load
-from medusa_lite.lookahead import LookaheadProposer
-from medusa_lite.model import MedusaModel
-from medusa_lite.proposers import (
+from medusa_lite.proposers.base import (
     Candidates,
     DatastoreLookup,
     FirstOf,
@@ -34,8 +31,11 @@ from medusa_lite.proposers import (
     StepOutcome,
     TargetStates,
 )
-from medusa_lite.sampling import SamplingSettings, logits_to_probs
-from medusa_lite.tree import Tree, best_tree, default_tree
+from medusa_lite.proposers.datastore import Datastore, DatastoreError
+from medusa_lite.proposers.draft_model import DraftModelError, DraftModelProposer
+from medusa_lite.proposers.lookahead import LookaheadProposer
+from medusa_lite.trees.dynamic_tree import DynamicTree
+from medusa_lite.trees.tree import Tree, best_tree, default_tree
 
 __all__ = [
     "AdapterError",

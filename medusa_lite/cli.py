@@ -27,15 +27,15 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import TextStreamer
 
+from medusa_lite.artifacts.loading import load, tree_of
+from medusa_lite.bench.measure import TimedRun, chat_input_ids, plain_generate, timed
 from medusa_lite.commands.options import EXIT_USAGE_ERROR, prepack_choice, set_threads
-from medusa_lite.draft_model import load_draft_model
+from medusa_lite.cpu.kernels import kernel_path
+from medusa_lite.decoding.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
+from medusa_lite.decoding.sampling import SamplingSettings
 from medusa_lite.dtypes import DTYPE_CHOICES, dtype_name, parse_dtype
 from medusa_lite.errors import MedusaError
-from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
-from medusa_lite.kernels import kernel_path
-from medusa_lite.loading import load, tree_of
-from medusa_lite.measure import TimedRun, chat_input_ids, plain_generate, timed
-from medusa_lite.sampling import SamplingSettings
+from medusa_lite.proposers.draft_model import load_draft_model
 
 DEFAULT_PROMPT = "Explain in a few sentences why the sky is blue."
 DEFAULT_MAX_NEW_TOKENS = 256

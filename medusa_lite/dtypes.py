@@ -2,7 +2,7 @@
 
 A dtype is written by torch's own name (``"bfloat16"``); the short forms ``bf16``, ``fp32`` and
 ``fp16`` mean the same; ``"auto"`` leaves the choice to the device (float32 on a CPU, bfloat16
-on an accelerator: :func:`medusa_lite.loading.default_dtype`).
+on an accelerator: :func:`medusa_lite.artifacts.loading.default_dtype`).
 """
 
 from __future__ import annotations

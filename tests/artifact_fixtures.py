@@ -1,7 +1,7 @@
 """A Medusa-2 artifact on disk, built in a second: a tiny target, a LoRA adapter that changes it, heads.
 
 ``save_medusa2_artifact(folder)`` writes ``folder/model`` (a tiny llama + tokenizer) and
-``folder/heads`` in the layout of :mod:`medusa_lite.artifact` (``adapter/`` inside, the config's
+``folder/heads`` in the layout of :mod:`medusa_lite.artifacts.files` (``adapter/`` inside, the config's
 ``backbone_adapter`` set), as a Medusa-2 training run does; ``adapted_reference`` rebuilds the
 adapted target the slow way (peft's unmerged ``PeftModel``), which ``load()`` must reproduce.
 """
@@ -16,7 +16,7 @@ from tiny_models import random_heads, tiny_base_model
 from tiny_tokenizer import make_tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
-from medusa_lite.artifact import ADAPTER_DIR
+from medusa_lite.artifacts.files import ADAPTER_DIR
 
 NUM_HEADS = 3
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")

@@ -1,4 +1,4 @@
-"""A PyTorch reading of ``medusa_lite/kernels/row_gemm.c``: its packed layout and its blocking, on any CPU.
+"""A PyTorch reading of ``medusa_lite/cpu/kernels/row_gemm.c``: its packed layout and its blocking, on any CPU.
 
 The kernel multiplies x [R, K] by a weight w [N, K] packed into column blocks of BLOCK_COLS
 outputs, ``packed[b][k][j] = w[b * BLOCK_COLS + j][k]`` (zero past N); each block's outputs are
@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from medusa_lite.kernels import SOURCE
+from medusa_lite.cpu.kernels import SOURCE
 
 # The preprocessor branch of each variant of row_gemm.c, by the macro its compiler flags define.
 VARIANT_MACROS = {"avx512": "__AVX512F__", "avx2": "__AVX2__"}

@@ -22,12 +22,12 @@ from medusa_lite import (
     generate,
     load,
 )
+from medusa_lite.bench.measure import chat_input_ids
 from medusa_lite.cli import main as cli_main
 from medusa_lite.commands.options import EXIT_USAGE_ERROR
-from medusa_lite.drafter import SequentialDrafter
+from medusa_lite.cpu.prepack import prepack_backend, prepack_supported
+from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 from medusa_lite.errors import AdapterError, ArtifactNotFoundError
-from medusa_lite.measure import chat_input_ids
-from medusa_lite.prepack import prepack_backend, prepack_supported
 from medusa_lite.training import load_trained
 
 

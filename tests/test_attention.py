@@ -1,4 +1,4 @@
-"""``medusa_lite.attention``: SDPA that runs masked grouped-query attention without copying keys/values per head."""
+"""``medusa_lite.decoding.attention``: SDPA running masked grouped-query attention, keys/values not copied per head."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from tiny_models import plain_greedy, random_heads, tiny_base_model
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from medusa_lite import MedusaModel, default_tree, generate
-from medusa_lite.attention import TREE_SDPA, runs_gqa_inside_sdpa, tree_sdpa_attention_forward
+from medusa_lite.decoding.attention import TREE_SDPA, runs_gqa_inside_sdpa, tree_sdpa_attention_forward
 
 HEADS, KV_HEADS, HEAD_DIM = 6, 2, 16
 

@@ -11,11 +11,11 @@ from tiny_checkpoint import QUESTIONS, save_tiny_checkpoint
 from transformers import AutoModelForCausalLM
 
 from medusa_lite import DynamicTree, Tree
+from medusa_lite.artifacts.loading import write_tree_file
 from medusa_lite.commands import benchmark, microbench
-from medusa_lite.datastore import DATASTORE_FILE_NAME, Datastore
-from medusa_lite.drafter import DrafterConfig, SequentialDrafter
-from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
-from medusa_lite.loading import write_tree_file
+from medusa_lite.decoding.generate import DEFAULT_LOOKUP_TOKENS
+from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
 
 OUTPUT_FILES = ("results.json", "results.md", "speedup_by_category.png", "acceptance_by_depth.png")
 

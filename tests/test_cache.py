@@ -1,4 +1,4 @@
-"""``medusa_lite.cache``: a dynamic KV cache whose layers append into buffers reserved up front."""
+"""``medusa_lite.decoding.cache``: a dynamic KV cache whose layers append into buffers reserved up front."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from tiny_models import random_heads, tiny_base_model
 from transformers import DynamicCache
 
 from medusa_lite import MedusaModel
-from medusa_lite.cache import ReservedLayer, reserved_cache
-from medusa_lite.verify import keep_accepted_in_cache
+from medusa_lite.decoding.cache import ReservedLayer, reserved_cache
+from medusa_lite.decoding.verify import keep_accepted_in_cache
 
 
 def entries(length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

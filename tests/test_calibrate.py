@@ -11,16 +11,16 @@ from tiny_models import OracleMedusaModel, random_heads, tiny_base_model
 from transformers import DynamicCache
 
 from medusa_lite import MedusaModel
+from medusa_lite.artifacts.loading import load, read_tree_file, verification_rows
+from medusa_lite.bench.measure import plain_generate
 from medusa_lite.cli import main as cli_main
 from medusa_lite.commands import calibrate as calibrate_tree
-from medusa_lite.costs import step_costs
-from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST
-from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
-from medusa_lite.loading import load, read_tree_file, verification_rows
-from medusa_lite.measure import plain_generate
-from medusa_lite.prepack import default_backend, prepacked_rows
-from medusa_lite.sampling import SamplingSettings
-from medusa_lite.tree import Tree, best_tree, expected_accepted_tokens
+from medusa_lite.cpu.prepack import default_backend, prepacked_rows
+from medusa_lite.decoding.generate import DEFAULT_LOOKUP_TOKENS
+from medusa_lite.decoding.sampling import SamplingSettings
+from medusa_lite.trees.costs import step_costs
+from medusa_lite.trees.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST
+from medusa_lite.trees.tree import Tree, best_tree, expected_accepted_tokens
 
 QUICK_ARGS = [
     "--dtype",
@@ -141,7 +141,7 @@ def test_calibration_writes_tree_json_that_load_uses(checkpoint, capsys):
     chosen = written["chosen"]["num_nodes"]
     assert chosen == max(written["table"], key=lambda row: row["predicted_speedup"])["num_nodes"]
     assert Tree.from_paths(written["paths"]) == best_tree(TOPK_ACCURACY, chosen)
-    # The dynamic policy: portable settings only; load prices it with this machine's costs (medusa_lite.costs).
+    # The dynamic policy: portable settings only; load prices it with this machine's costs (medusa_lite.trees.costs).
     assert written["dynamic"] == {"max_nodes": DEFAULT_MAX_NODES, "tokens_per_cost": DEFAULT_TOKENS_PER_COST}
     loaded = load(model_dir, heads=heads_dir, dtype=torch.float32)[0]
     costs = step_costs(loaded, DEFAULT_MAX_NODES + DEFAULT_LOOKUP_TOKENS)  # cached by the load just above
@@ -199,7 +199,7 @@ def test_calibration_measures_accuracy_on_prompts(checkpoint, tmp_path, capsys):
 
 
 def test_costs_only_needs_no_heads_and_writes_no_tree(checkpoint, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr("medusa_lite.loading.DEFAULT_HEADS_DIR", tmp_path / "not-shipped-yet")
+    monkeypatch.setattr("medusa_lite.artifacts.loading.DEFAULT_HEADS_DIR", tmp_path / "not-shipped-yet")
     model_dir, _ = checkpoint
     assert (
         calibrate_tree.main(

@@ -14,12 +14,12 @@ from tiny_checkpoint import NUM_HEADS, TOPK_ACCURACY, save_tiny_checkpoint
 from transformers import TextStreamer
 
 from medusa_lite import MedusaModel, default_tree
-from medusa_lite.attention import TREE_SDPA
+from medusa_lite.artifacts.loading import MissingHeadsError, load, read_tree_file, tree_of, write_tree_file
+from medusa_lite.bench.measure import chat_input_ids
 from medusa_lite.cli import main
+from medusa_lite.decoding.attention import TREE_SDPA
 from medusa_lite.errors import TreeError
-from medusa_lite.loading import MissingHeadsError, load, read_tree_file, tree_of, write_tree_file
-from medusa_lite.measure import chat_input_ids
-from medusa_lite.tree import Tree, best_tree
+from medusa_lite.trees.tree import Tree, best_tree
 
 PROMPT = "Why is the sky blue?"
 
@@ -52,7 +52,7 @@ def summary_numbers(out: str) -> dict:
 
 # -- load --------------------------------------------------------------------------------------
 def test_default_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(checkpoint):
-    from medusa_lite.loading import default_dtype
+    from medusa_lite.artifacts.loading import default_dtype
 
     assert default_dtype("cpu") == torch.float32 and default_dtype(torch.device("cpu")) == torch.float32
     assert default_dtype("cuda") == torch.bfloat16
@@ -90,7 +90,7 @@ def test_default_tree_prefers_the_summarys_explicit_tree(checkpoint):
 
 
 def test_missing_heads_give_clear_errors(tmp_path, checkpoint, monkeypatch):
-    monkeypatch.setattr("medusa_lite.loading.DEFAULT_HEADS_DIR", tmp_path / "deleted")
+    monkeypatch.setattr("medusa_lite.artifacts.loading.DEFAULT_HEADS_DIR", tmp_path / "deleted")
     with pytest.raises(MissingHeadsError, match="shipped heads are missing"):
         load()
     with pytest.raises(MissingHeadsError, match="heads="):

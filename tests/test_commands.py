@@ -18,7 +18,7 @@ from tiny_tokenizer import TINY_VOCAB_SIZE, make_tiny_tokenizer
 from training_fixtures import CYCLE, REPO_ROOT, TINY_CONFIG, save_tiny_target, write_pattern_data
 
 from medusa_lite.cli import GENERATE, SUBCOMMANDS, main, split_command
-from medusa_lite.datastore import SEPARATOR, Datastore
+from medusa_lite.proposers.datastore import SEPARATOR, Datastore
 
 TOKEN = "hf_loopback_test_token"
 NUM_RECORDS = 40

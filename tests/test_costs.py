@@ -1,4 +1,4 @@
-"""Step costs measured on the machine that decodes (:mod:`medusa_lite.costs`): measured once per
+"""Step costs measured on the machine that decodes (:mod:`medusa_lite.trees.costs`): measured once per
 machine / dtype / threads / kernel / model, cached, and never taken from another machine's tree file."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import torch
 from tiny_checkpoint import save_tiny_checkpoint
 from tiny_models import random_heads, tiny_base_model
 
-import medusa_lite.costs as costs
+import medusa_lite.trees.costs as costs
 from medusa_lite import DynamicTree, MedusaModel, load
-from medusa_lite.kernels import KERNEL_ENV_VAR, kernel_path
-from medusa_lite.loading import verification_rows, write_tree_file
-from medusa_lite.prepack import ONEDNN, onednn_available, prepack_linears
-from medusa_lite.tree import Tree
+from medusa_lite.artifacts.loading import verification_rows, write_tree_file
+from medusa_lite.cpu.kernels import KERNEL_ENV_VAR, kernel_path
+from medusa_lite.cpu.prepack import ONEDNN, onednn_available, prepack_linears
+from medusa_lite.trees.tree import Tree
 
 OTHER_MACHINES_COSTS = [1.0] * 14  # "rows are free": an AVX-512 machine's file, say
 

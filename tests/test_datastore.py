@@ -8,7 +8,10 @@ from tiny_checkpoint import save_tiny_checkpoint
 from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import MedusaModel, generate
-from medusa_lite.datastore import (
+from medusa_lite.artifacts.loading import load
+from medusa_lite.decoding.generate import lookup_chain
+from medusa_lite.errors import GenerationInputError
+from medusa_lite.proposers.datastore import (
     DATASTORE_FILE_NAME,
     SEPARATOR,
     Datastore,
@@ -16,9 +19,6 @@ from medusa_lite.datastore import (
     datastore_continuation,
     max_packed_ngram,
 )
-from medusa_lite.errors import GenerationInputError
-from medusa_lite.generate import lookup_chain
-from medusa_lite.loading import load
 
 VOCAB = 24
 MAX_NEW_TOKENS = 40

@@ -10,7 +10,7 @@ from tiny_tokenizer import make_tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from medusa_lite import default_model, paths
-from medusa_lite.loading import load_target
+from medusa_lite.artifacts.loading import load_target
 
 CHAT_PROMPT = "What is the capital of France?"
 EXPECTED_WORD = "Paris"

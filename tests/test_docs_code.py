@@ -23,7 +23,7 @@ from tiny_models import random_heads, tiny_base_model
 from tiny_tokenizer import TINY_VOCAB_SIZE, make_tiny_tokenizer
 
 import medusa_lite
-import medusa_lite.loading
+import medusa_lite.artifacts.loading
 from medusa_lite import MedusaModel
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,9 +93,9 @@ def test_python_blocks_are_found_and_skip_marks_obeyed(tmp_path):
 
 @pytest.mark.parametrize("path", DOCUMENTS_WITH_CODE, ids=lambda p: str(p.relative_to(ROOT)))
 def test_python_blocks_run_on_a_tiny_model(path, monkeypatch):
-    load = tiny_default_load(medusa_lite.loading.load)
+    load = tiny_default_load(medusa_lite.artifacts.loading.load)
     monkeypatch.setattr(medusa_lite, "load", load)
-    monkeypatch.setattr(medusa_lite.loading, "load", load)
+    monkeypatch.setattr(medusa_lite.artifacts.loading, "load", load)
     run_blocks(path)
 
 

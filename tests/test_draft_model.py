@@ -17,7 +17,7 @@ from tiny_models import FAMILIES, plain_greedy, random_heads, tiny_base_model
 from tiny_tokenizer import make_tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
-import medusa_lite.acceptance
+import medusa_lite.decoding.acceptance
 from medusa_lite import DraftModelError, DraftModelProposer, MedusaModel, SamplingSettings, generate
 
 
@@ -129,7 +129,7 @@ def test_sampling_matches_the_target_distribution(pair, case):
 def test_a_rule_without_the_residual_is_rejected(pair, options, monkeypatch):
     """Negative control (the power of the test above): after a rejection draw from p, not from norm(max(p - q, 0))."""
     model, draft = pair
-    monkeypatch.setattr(medusa_lite.acceptance, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(medusa_lite.decoding.acceptance, "residual_distribution", lambda p, q: p)
     settings = SamplingSettings(1.0)
     exact = exact_distribution(model.base_model, PROMPT, NEW_TOKENS, settings)
     counts = sampled_counts(

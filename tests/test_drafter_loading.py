@@ -7,8 +7,8 @@ import torch
 from tiny_models import plain_greedy, tiny_base_model
 
 from medusa_lite import DynamicTree, Tree, TreeError, generate, load, prepack
-from medusa_lite.drafter import DrafterConfig, SequentialDrafter
-from medusa_lite.drafter_proposer import SequentialDrafterProposer
+from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.drafters.sequential.proposer import SequentialDrafterProposer
 
 POLICY = DynamicTree(7, tuple(1.0 + 0.1 * rows for rows in range(12)), tokens_per_cost=1.0)
 

@@ -7,10 +7,10 @@ import torch
 from tiny_models import OracleMedusaModel, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import DynamicTree, Tree, TreeError, generate
-from medusa_lite.costs import row_costs_from_ratios
-from medusa_lite.dynamic_tree import UNMEASURED_ROW_COSTS, chain_prefixes, chain_ranks, row_costs_from_table
-from medusa_lite.loading import read_tree_file, write_tree_file
-from medusa_lite.tree import best_tree, ranked_paths
+from medusa_lite.artifacts.loading import read_tree_file, write_tree_file
+from medusa_lite.trees.costs import row_costs_from_ratios
+from medusa_lite.trees.dynamic_tree import UNMEASURED_ROW_COSTS, chain_prefixes, chain_ranks, row_costs_from_table
+from medusa_lite.trees.tree import best_tree, ranked_paths
 
 FLAT_COSTS = (1.0,) * 32  # every row free: a step keeps all the nodes it may
 CONFIDENT = [[0.9, 0.05, 0.03], [0.8, 0.1, 0.05], [0.7, 0.1, 0.05]]

@@ -25,13 +25,13 @@ from artifact_fixtures import adapted_reference, plain_target, save_medusa2_arti
 from hub_server import DEFAULT_USER, HubServer
 
 from medusa_lite import Datastore, DatastoreError, HeadsFileError, MedusaConfig, MedusaHeads
-from medusa_lite.artifact import ADAPTER_FILES
-from medusa_lite.card import model_card
-from medusa_lite.datastore import DATASTORE_FILE_NAME
+from medusa_lite.artifacts.card import model_card
+from medusa_lite.artifacts.files import ADAPTER_FILES
+from medusa_lite.artifacts.hub import push_heads_to_hub
+from medusa_lite.artifacts.loading import write_tree_file
 from medusa_lite.errors import AdapterError
-from medusa_lite.hub import push_heads_to_hub
-from medusa_lite.loading import write_tree_file
-from medusa_lite.tree import Tree
+from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME
+from medusa_lite.trees.tree import Tree
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_loopback_test_token"
@@ -68,7 +68,7 @@ PUSH_SCRIPT = (
     NETWORK_GUARD
     + r"""
 from medusa_lite import MedusaHeads
-from medusa_lite.hub import push_heads_to_hub
+from medusa_lite.artifacts.hub import push_heads_to_hub
 
 folder = sys.argv[1]
 urls = [
@@ -267,9 +267,9 @@ import shutil
 import torch
 from medusa_lite import generate, load
 from medusa_lite.errors import ArtifactNotFoundError
-from medusa_lite.hub import push_heads_to_hub
-from medusa_lite.loading import write_tree_file
-from medusa_lite.tree import Tree
+from medusa_lite.artifacts.hub import push_heads_to_hub
+from medusa_lite.artifacts.loading import write_tree_file
+from medusa_lite.trees.tree import Tree
 
 model_dir, heads_dir, out = sys.argv[1:4]
 prompt = torch.tensor([PROMPT])
@@ -378,8 +378,8 @@ def test_drafting_artifacts_push_with_their_own_card_and_policy(tmp_path, monkey
     import huggingface_hub.constants
 
     from medusa_lite import DynamicTree
-    from medusa_lite.drafter import DrafterConfig, SequentialDrafter
-    from medusa_lite.hydra import HydraConfig, HydraHeads
+    from medusa_lite.drafters.hydra.heads import HydraConfig, HydraHeads
+    from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # conftest sets offline mode
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost,::1")

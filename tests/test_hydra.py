@@ -21,10 +21,10 @@ from exact_distribution import (
 from tiny_models import FAMILIES, plain_greedy, tiny_base_model
 
 from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, generate, load
+from medusa_lite.drafters.hydra.heads import HYDRA_KIND, HydraConfig, HydraHeads
+from medusa_lite.drafters.hydra.proposer import HydraProposer
 from medusa_lite.errors import GenerationInputError, HeadsFileError, IncompatibleHeadsError
-from medusa_lite.hydra import HYDRA_KIND, HydraConfig, HydraHeads
-from medusa_lite.hydra_proposer import HydraProposer
-from medusa_lite.proposers import default_lookups
+from medusa_lite.proposers.base import default_lookups
 
 POLICY = DynamicTree(7, tuple(1.0 + 0.1 * rows for rows in range(12)), tokens_per_cost=1.0)
 
@@ -130,7 +130,7 @@ def test_the_proposer_refuses_bad_settings():
         HydraProposer(heads, depth=4)
     with pytest.raises(GenerationInputError, match="topk must be an integer >= 1"):
         HydraProposer(heads, topk=0)
-    with pytest.raises(GenerationInputError, match="needs medusa_lite.hydra.HydraHeads"):
+    with pytest.raises(GenerationInputError, match="needs medusa_lite.drafters.hydra.heads.HydraHeads"):
         HydraProposer(object())
 
 

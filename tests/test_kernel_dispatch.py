@@ -1,5 +1,5 @@
 """Which few-row kernel runs: ``MEDUSA_LITE_KERNEL`` and the CPU's features, decided in one place
-(:func:`medusa_lite.kernels.kernel_path`), and every variant against ``F.linear``."""
+(:func:`medusa_lite.cpu.kernels.kernel_path`), and every variant against ``F.linear``."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import torch
 from row_gemm_cases import ROWS, SHAPES, assert_within_rounding
 from tiny_checkpoint import QUESTIONS, save_tiny_checkpoint
 
-import medusa_lite.kernels as kernels
-import medusa_lite.prepack as prepack
+import medusa_lite.cpu.kernels as kernels
+import medusa_lite.cpu.prepack as prepack
+from medusa_lite.bench.measure import TimedRun, machine_info
 from medusa_lite.cli import summary_line
 from medusa_lite.commands import benchmark
-from medusa_lite.measure import TimedRun, machine_info
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 ``tests/row_gemm_reference.py`` reads packed buffers with the kernel's layout and blocking in
 PyTorch. Here it must equal a plain matmul; where the kernel runs, the kernel's packed buffers
 must be bit-identical to the reference's and its products agree with it; and the packed paths
-of ``medusa_lite.prepack`` and ``DraftLMHead`` (row ranges, bias, reshapes, stale copies, exact
+of ``medusa_lite.cpu.prepack`` and ``DraftLMHead`` (row ranges, bias, reshapes, stale copies, exact
 greedy decoding) run with the reference standing in for the compiled kernel. Finally, on the oneDNN
 fallback (kernel unavailable) the draft head stays unpacked.
 """
@@ -19,12 +19,12 @@ from tiny_checkpoint import save_tiny_checkpoint
 from tiny_models import plain_greedy, random_heads, tiny_base_model
 from transformers import AutoModelForCausalLM
 
-import medusa_lite.heads
-import medusa_lite.kernels as kernels
-import medusa_lite.prepack as prepack
+import medusa_lite.cpu.kernels as kernels
+import medusa_lite.cpu.prepack as prepack
+import medusa_lite.drafters.medusa.heads
 from medusa_lite import MedusaModel, generate
-from medusa_lite.heads import DraftLMHead
-from medusa_lite.loading import load
+from medusa_lite.artifacts.loading import load
+from medusa_lite.drafters.medusa.heads import DraftLMHead
 
 VARIANT_BLOCKING = kernel_constants()
 # Each variant's blocking, and one more that moves the block and row-group edges around the shapes.
@@ -118,7 +118,7 @@ def reference_kernel(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(prepack, "pack_for_row_gemm", pack)
     monkeypatch.setattr(prepack, "row_gemm", multiply)
-    monkeypatch.setattr(medusa_lite.heads, "pack_for_row_gemm", pack)
+    monkeypatch.setattr(medusa_lite.drafters.medusa.heads, "pack_for_row_gemm", pack)
     monkeypatch.setattr(prepack, "row_gemm_available", lambda: True)
     monkeypatch.setattr(prepack, "row_gemm_unavailable_reason", lambda: None)
     return calls

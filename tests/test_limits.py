@@ -5,7 +5,7 @@ import torch
 from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import GenerationInputError, MedusaModel, generate
-from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
+from medusa_lite.decoding.generate import DEFAULT_LOOKUP_TOKENS
 
 MAX_POSITIONS = 40
 LONG_RUN_TOKENS = 2000

@@ -13,18 +13,18 @@ import torch
 from distribution_check import ALPHA, chi_square_p_value, exact_distribution, sampled_counts, sampled_outputs
 from tiny_models import FAMILIES, plain_greedy, tiny_base_model
 
-import medusa_lite.verify
+import medusa_lite.decoding.verify
 from medusa_lite import GenerationInputError, LookaheadProposer, MedusaModel, SamplingSettings, SideRows, generate
-from medusa_lite.cache import reserved_cache
-from medusa_lite.draft import chain_draft
-from medusa_lite.lookahead import (
+from medusa_lite.decoding.cache import reserved_cache
+from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
+from medusa_lite.proposers.lookahead import (
     LOOKAHEAD_SOURCE,
     trie_candidates,
     updated_pool,
     window_ngrams,
     window_rows,
 )
-from medusa_lite.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
+from medusa_lite.trees.draft import chain_draft
 
 
 # -- the pure pieces -----------------------------------------------------------------------------
@@ -150,7 +150,9 @@ def test_lookahead_rows_change_no_draft_logit_and_leave_no_trace_in_the_cache():
         verified, side_logits = verify_with_side_rows(model, with_side_cache, draft, draft.tokens, side)
         assert side_logits.shape == (9, 32)
         torch.testing.assert_close(verified.logits, alone.logits, rtol=1e-5, atol=1e-5)
-        leaky = medusa_lite.verify.side_rows_attention_mask(draft, side, prefix.shape[1], torch.float32, "cpu")
+        leaky = medusa_lite.decoding.verify.side_rows_attention_mask(
+            draft, side, prefix.shape[1], torch.float32, "cpu"
+        )
         leaky[..., : draft.num_nodes, prefix.shape[1] + draft.num_nodes :] = 0.0  # the control: draft rows see them
         positions = torch.cat([draft.node_depths, side.offsets]) + prefix.shape[1]
         leaked = model.target_forward(

@@ -1,4 +1,4 @@
-"""``medusa_lite.prepack``: few-row products for tree verification on CPU (the row_gemm kernel
+"""``medusa_lite.cpu.prepack``: few-row products for tree verification on CPU (the row_gemm kernel
 and oneDNN), and ``load(prepack=...)``. Every packed-path test runs once per backend this machine has."""
 
 from __future__ import annotations
@@ -16,16 +16,14 @@ from tiny_models import TINY_SIZES, plain_greedy, random_heads, tiny_base_model
 from torch import nn
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-import medusa_lite.prepack
+import medusa_lite.cpu.prepack
 from medusa_lite import MedusaError, MedusaModel, Tree, UnsupportedModelError, generate
+from medusa_lite.artifacts.loading import load
+from medusa_lite.bench.measure import machine_info
 from medusa_lite.cli import build_parser, main
 from medusa_lite.commands.options import prepack_choice
-from medusa_lite.generate import DEFAULT_LOOKUP_TOKENS
-from medusa_lite.heads import DraftLMHead
-from medusa_lite.kernels import row_gemm_unavailable_reason
-from medusa_lite.loading import load
-from medusa_lite.measure import machine_info
-from medusa_lite.prepack import (
+from medusa_lite.cpu.kernels import row_gemm_unavailable_reason
+from medusa_lite.cpu.prepack import (
     MIN_PACKED_ROWS,
     ONEDNN,
     ROW_GEMM,
@@ -39,6 +37,8 @@ from medusa_lite.prepack import (
     prepacked_rows,
     unpack_linears,
 )
+from medusa_lite.decoding.generate import DEFAULT_LOOKUP_TOKENS
+from medusa_lite.drafters.medusa.heads import DraftLMHead
 
 pytestmark = pytest.mark.skipif(
     default_backend() is None, reason="neither the row_gemm kernel nor oneDNN is available"
@@ -77,13 +77,13 @@ BACKEND_FUNCTION = {ROW_GEMM: "row_gemm", ONEDNN: "onednn_linear"}
 def packed_calls(monkeypatch, backend) -> list[int]:
     """The row count of every packed multiplication made during the test."""
     calls: list[int] = []
-    original = getattr(medusa_lite.prepack, BACKEND_FUNCTION[backend])
+    original = getattr(medusa_lite.cpu.prepack, BACKEND_FUNCTION[backend])
 
     def counted(inputs, *rest):
         calls.append(inputs.shape[0])
         return original(inputs, *rest)
 
-    monkeypatch.setattr(medusa_lite.prepack, BACKEND_FUNCTION[backend], counted)
+    monkeypatch.setattr(medusa_lite.cpu.prepack, BACKEND_FUNCTION[backend], counted)
     return calls
 
 
@@ -295,9 +295,9 @@ def test_draft_lm_head_packs_for_the_heads_rows(monkeypatch):
     """
     require_row_gemm()
     calls = []
-    original = medusa_lite.prepack.row_gemm
+    original = medusa_lite.cpu.prepack.row_gemm
     monkeypatch.setattr(
-        medusa_lite.prepack,
+        medusa_lite.cpu.prepack,
         "row_gemm",
         lambda inputs, packed, out: calls.append(inputs.shape[0]) or original(inputs, packed, out),
     )

@@ -15,7 +15,7 @@ import torch
 from distribution_check import ALPHA, chi_square_p_value, exact_distribution, sampled_counts
 from tiny_models import FAMILIES, plain_greedy, random_heads, tiny_base_model
 
-import medusa_lite.acceptance
+import medusa_lite.decoding.acceptance
 from medusa_lite import (
     Candidates,
     DatastoreLookup,
@@ -32,9 +32,9 @@ from medusa_lite import (
     Tree,
     generate,
 )
-from medusa_lite.acceptance import accept_at_node, residual_distribution
-from medusa_lite.datastore import Datastore
-from medusa_lite.draft import root_draft
+from medusa_lite.decoding.acceptance import accept_at_node, residual_distribution
+from medusa_lite.proposers.datastore import Datastore
+from medusa_lite.trees.draft import root_draft
 
 
 # -- a toy deterministic proposer, through the public interface only ----------------------------
@@ -158,7 +158,7 @@ def test_skipping_the_residual_is_rejected(model, monkeypatch):
     replacement hides much of the bias: the two-sibling tree gave 2e-4 even at twice the samples,
     so for trees the rule's power is shown at one node, below, where the bias is undiluted).
     """
-    monkeypatch.setattr(medusa_lite.acceptance, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(medusa_lite.decoding.acceptance, "residual_distribution", lambda p, q: p)
     settings = SamplingSettings(1.0)
     exact = exact_distribution(model.base_model, PROMPT, NEW_TOKENS, settings)
     counts = sampled_counts(
@@ -204,7 +204,7 @@ def test_recursive_rejection_at_one_node_gives_p_and_the_control_does_not(monkey
     expected = {(token,): float(p[token]) for token in range(5)}
     counts = one_node_outputs(p, q, 2, n, seed=5)
     assert chi_square_p_value({(t,): int(c) for t, c in enumerate(counts)}, expected, n) > ALPHA
-    monkeypatch.setattr(medusa_lite.acceptance, "residual_distribution", lambda p, q: p)
+    monkeypatch.setattr(medusa_lite.decoding.acceptance, "residual_distribution", lambda p, q: p)
     biased = one_node_outputs(p, q, 2, n, seed=5)
     assert chi_square_p_value({(t,): int(c) for t, c in enumerate(biased)}, expected, n) < ALPHA
 

@@ -26,8 +26,8 @@ from medusa_lite import (
     MedusaHeads,
     TreeError,
 )
-from medusa_lite.datastore import DATASTORE_FORMAT, largest_vocabulary
-from medusa_lite.loading import TREE_FILE_FORMAT, read_tree_file
+from medusa_lite.artifacts.loading import TREE_FILE_FORMAT, read_tree_file
+from medusa_lite.proposers.datastore import DATASTORE_FORMAT, largest_vocabulary
 from medusa_lite.training.config import load_config
 from medusa_lite.training.data import load_training_data, read_records
 from medusa_lite.training.errors import EmptyDatasetError, TrainingConfigError, TrainingDataError

@@ -1,4 +1,5 @@
-"""generate's arguments checked by meaning (medusa_lite.inputs): what is refused, and what unusual valid input gives.
+"""generate's arguments checked by meaning (medusa_lite.decoding.inputs): what is refused, what unusual valid input
+gives.
 
 Every refusal is a ``GenerationInputError``, so both ``except MedusaError`` and ``except ValueError``
 catch it, and its message names the argument. Valid input in an unusual form (numpy scalars,
@@ -15,7 +16,7 @@ from tiny_models import plain_greedy, random_heads, tiny_base_model
 from tiny_tokenizer import TINY_VOCAB_SIZE, make_tiny_tokenizer
 
 from medusa_lite import GenerationInputError, MedusaError, MedusaModel, generate
-from medusa_lite.inputs import check_generator
+from medusa_lite.decoding.inputs import check_generator
 
 VOCAB = TINY_VOCAB_SIZE
 NEW_TOKENS = 6

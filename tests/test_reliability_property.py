@@ -20,11 +20,11 @@ from safetensors.torch import save_file
 from tiny_models import random_heads, tiny_base_model
 
 from medusa_lite import Datastore, DynamicTree, GenerationOutput, MedusaError, MedusaHeads, MedusaModel, generate
-from medusa_lite.datastore import DATASTORE_FILE_NAME
-from medusa_lite.loading import read_tree_file, write_tree_file
+from medusa_lite.artifacts.loading import read_tree_file, write_tree_file
+from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME
 from medusa_lite.training.config import load_config
 from medusa_lite.training.data import read_records
-from medusa_lite.tree import Tree
+from medusa_lite.trees.tree import Tree
 
 VOCAB = 40
 NUM_HEADS = 2

@@ -1,4 +1,4 @@
-"""``medusa_lite.kernels``: the few-row float32 GEMM kernel (built with the system compiler) and its fallbacks."""
+"""``medusa_lite.cpu.kernels``: the few-row float32 GEMM kernel (built with the system compiler) and its fallbacks."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from row_gemm_cases import ROWS, SHAPES, assert_within_rounding
 from tiny_models import tiny_base_model
 
-import medusa_lite.kernels as kernels
-import medusa_lite.prepack as prepack
+import medusa_lite.cpu.kernels as kernels
+import medusa_lite.cpu.prepack as prepack
 from medusa_lite.errors import UnsupportedModelError
 
 FLOAT32_TOLERANCE = dict(rtol=1e-5, atol=1e-5)

@@ -28,9 +28,9 @@ from tiny_models import random_heads, tiny_base_model
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, Tree, generate, logits_to_probs
-from medusa_lite.datastore import Datastore
-from medusa_lite.generate import accepted_path
-from medusa_lite.sampling import pick_tokens
+from medusa_lite.decoding.generate import accepted_path
+from medusa_lite.decoding.sampling import pick_tokens
+from medusa_lite.proposers.datastore import Datastore
 
 FULL_TREE = Tree.from_paths([p for depth in (1, 2) for p in itertools.product(range(VOCAB), repeat=depth)])
 NO_TREE = Tree.from_paths([])

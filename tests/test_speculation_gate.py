@@ -10,7 +10,7 @@ import torch
 from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import DynamicTree, MedusaModel, generate
-from medusa_lite.dynamic_tree import (
+from medusa_lite.trees.dynamic_tree import (
     FIRST_PAUSE_STEPS,
     MAX_PAUSE_STEPS,
     PRIOR_GAIN,

@@ -14,7 +14,7 @@ from training_fixtures import tiny_argv
 from transformers import AutoModelForCausalLM
 
 from medusa_lite.commands import train as train_heads
-from medusa_lite.drafter import DRAFTER_KIND, SequentialDrafter
+from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, SequentialDrafter
 from medusa_lite.training import TrainingConfigError
 from medusa_lite.training.drafter_objective import feature_regression
 from medusa_lite.training.losses import states_ahead

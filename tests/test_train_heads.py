@@ -22,7 +22,7 @@ from training_fixtures import (
 )
 from transformers import AutoModelForCausalLM
 
-import medusa_lite.hub
+import medusa_lite.artifacts.hub
 from medusa_lite import MedusaHeads, MedusaModel, load
 from medusa_lite.commands import train as train_heads
 from medusa_lite.training import load_trained, loop
@@ -185,7 +185,7 @@ def test_push_to_hub_is_called_and_a_failure_keeps_the_heads(tiny_target, patter
         calls.append((folder, repo_id))
         return "http://hub/commit/1"
 
-    monkeypatch.setattr(medusa_lite.hub, "push_heads_to_hub", fake_push)
+    monkeypatch.setattr(medusa_lite.artifacts.hub, "push_heads_to_hub", fake_push)
     result = train_heads.main(
         tiny_argv(tiny_target, pattern_data, tmp_path / "ok", max_steps=1) + ["--push_to_hub", "me/heads"]
     )
@@ -194,7 +194,7 @@ def test_push_to_hub_is_called_and_a_failure_keeps_the_heads(tiny_target, patter
     def failing_push(folder, repo_id, token=None, private=False):
         raise ConnectionError("no route to host")
 
-    monkeypatch.setattr(medusa_lite.hub, "push_heads_to_hub", failing_push)
+    monkeypatch.setattr(medusa_lite.artifacts.hub, "push_heads_to_hub", failing_push)
     result = train_heads.main(
         tiny_argv(tiny_target, pattern_data, tmp_path / "fail", max_steps=1) + ["--push_to_hub", "me/heads"]
     )

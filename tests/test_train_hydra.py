@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM
 
 from medusa_lite import DynamicTree, generate, load
 from medusa_lite.commands import train as train_heads
-from medusa_lite.hydra import HYDRA_KIND, HydraHeads
-from medusa_lite.hydra_proposer import HydraProposer
+from medusa_lite.drafters.hydra.heads import HYDRA_KIND, HydraHeads
+from medusa_lite.drafters.hydra.proposer import HydraProposer
 from medusa_lite.training import TrainingConfigError
 from medusa_lite.training.losses import gather_rows
 

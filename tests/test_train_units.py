@@ -8,7 +8,7 @@ import training_fixtures
 from tiny_models import random_heads, tiny_base_model
 from tiny_tokenizer import make_tiny_tokenizer
 
-from medusa_lite.model import MedusaModel
+from medusa_lite.decoding.model import MedusaModel
 from medusa_lite.training import hidden_cache
 from medusa_lite.training.config import TrainConfig, config_from_dict, load_config, parse_overrides
 from medusa_lite.training.data import Sample, batch_indices, collate, tokenize_conversation

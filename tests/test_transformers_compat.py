@@ -6,7 +6,7 @@ from tiny_models import plain_greedy, random_heads, tiny_base_model
 from transformers import LlamaForCausalLM
 
 from medusa_lite import MedusaModel, generate
-from medusa_lite.model import cache_keyword
+from medusa_lite.decoding.model import cache_keyword
 
 MAX_NEW_TOKENS = 24
 

@@ -5,7 +5,7 @@ import torch
 from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import MedusaModel, Tree, TreeError, best_tree, default_tree, generate
-from medusa_lite.tree import expected_accepted_tokens
+from medusa_lite.trees.tree import expected_accepted_tokens
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_shape_tensors():
 
 
 def test_tree_attention_mask_blocks_non_ancestors():
-    from medusa_lite.verify import tree_attention_mask
+    from medusa_lite.decoding.verify import tree_attention_mask
 
     tree = Tree.from_paths([(0,), (1,), (0, 0)])
     mask = tree_attention_mask(tree, prefix_len=2, dtype=torch.float32, device=torch.device("cpu"))[0, 0]

@@ -9,7 +9,7 @@ from tiny_tokenizer import IM_END
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
 
 from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel
-from medusa_lite.attention import TREE_SDPA
+from medusa_lite.decoding.attention import TREE_SDPA
 
 TINY_SIZES = dict(
     hidden_size=32,

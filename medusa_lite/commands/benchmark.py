@@ -15,7 +15,7 @@ thermal state); one warm-up run of each comes first.
 - ``plain``: ``model.generate(do_sample=False)``.
 - ``plain_kernel`` (always, where the weights are packed): the same ``model.generate`` with its
   one-token steps through the packed path, the row_gemm kernel or oneDNN
-  (``medusa_lite.prepack.packed_from_rows``). Where PyTorch's own float32 one-row linear is slow
+  (``medusa_lite.cpu.prepack.packed_from_rows``). Where PyTorch's own float32 one-row linear is slow
   (a 2-core AMD EPYC: plain decoding about twice as slow as through the kernel) part of
   medusa-lite's speed-up over ``plain`` is the packed path's, not the speculation's:
   ``speedup_vs_plain_kernel`` in the summary (and a line in ``results.md``) is the speculation's
@@ -32,7 +32,7 @@ thermal state); one warm-up run of each comes first.
 - ``lookahead`` (on request): lookahead decoding alone, :class:`medusa_lite.LookaheadProposer` with
   its defaults (no heads, no lookups).
 
-Which kernel runs is ``machine.kernel`` in ``results.json`` (``medusa_lite.kernels.kernel_path``);
+Which kernel runs is ``machine.kernel`` in ``results.json`` (``medusa_lite.cpu.kernels.kernel_path``);
 ``--kernel off|avx2|avx512|auto`` sets ``MEDUSA_LITE_KERNEL`` for the run (off: oneDNN, as a CPU
 without AVX2 or a C compiler gets it; avx2: what an AVX2-only CPU runs).
 
@@ -64,16 +64,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from medusa_lite.commands.options import prepack_choice, set_threads
-from medusa_lite.draft_model import DraftModelProposer, load_draft_model
-from medusa_lite.drafter_proposer import DEFAULT_DRAFTER_NODES
-from medusa_lite.dtypes import DTYPE_CHOICES, parse_dtype
-from medusa_lite.dynamic_tree import UNMEASURED_ROW_COSTS, DynamicTree
-from medusa_lite.errors import MedusaError
-from medusa_lite.extras import require_extra
-from medusa_lite.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
-from medusa_lite.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
-from medusa_lite.loading import (
+from medusa_lite.artifacts.loading import (
     DRAFTING_KINDS,
     drafter_proposer_for,
     find_tree_file,
@@ -84,14 +75,23 @@ from medusa_lite.loading import (
     read_tree_file,
     tree_of,
 )
-from medusa_lite.lookahead import LookaheadProposer
-from medusa_lite.measure import chat_input_ids, machine_info, plain_generate, timed
-from medusa_lite.model import MedusaModel
-from medusa_lite.prepack import packed_from_rows, prepack_backend
-from medusa_lite.proposers import Proposer, default_lookups, step_rows
-from medusa_lite.resolve import resolve_source
-from medusa_lite.sampling import SamplingSettings
-from medusa_lite.tree import Tree
+from medusa_lite.artifacts.resolve import resolve_source
+from medusa_lite.bench.measure import chat_input_ids, machine_info, plain_generate, timed
+from medusa_lite.commands.options import prepack_choice, set_threads
+from medusa_lite.cpu.kernels import KERNEL_CHOICES, KERNEL_ENV_VAR, choose_kernel
+from medusa_lite.cpu.prepack import packed_from_rows, prepack_backend
+from medusa_lite.decoding.generate import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS, generate
+from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.decoding.sampling import SamplingSettings
+from medusa_lite.drafters.sequential.proposer import DEFAULT_DRAFTER_NODES
+from medusa_lite.dtypes import DTYPE_CHOICES, parse_dtype
+from medusa_lite.errors import MedusaError
+from medusa_lite.extras import require_extra
+from medusa_lite.proposers.base import Proposer, default_lookups, step_rows
+from medusa_lite.proposers.draft_model import DraftModelProposer, load_draft_model
+from medusa_lite.proposers.lookahead import LookaheadProposer
+from medusa_lite.trees.dynamic_tree import UNMEASURED_ROW_COSTS, DynamicTree
+from medusa_lite.trees.tree import Tree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]  # a clone's root, where data/ lives
 DEFAULT_QUESTIONS = REPO_ROOT / "data" / "spec_bench" / "question.jsonl"

@@ -14,7 +14,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from medusa_lite.datastore import Datastore
+from medusa_lite.proposers.datastore import Datastore
 from medusa_lite.training.config import load_config
 from medusa_lite.training.datastore import datastore_from_training_data
 

@@ -20,11 +20,11 @@ heads.
     predicted speed-up = expected accepted tokens per step / (step cost(N) / step cost(1)); the N
     with the highest prediction wins. The table and the chosen tree go to ``tree.json`` (default:
     in the heads folder, where ``medusa_lite.load`` picks it up; ``--out`` elsewhere), with the
-    dynamic policy (:class:`~medusa_lite.dynamic_tree.DynamicTree`: up to
+    dynamic policy (:class:`~medusa_lite.trees.dynamic_tree.DynamicTree`: up to
     ``--dynamic-max-nodes`` nodes per step, chosen from the heads' confidence), which ``load``
     then decodes with; ``--dynamic-max-nodes 0`` writes the static tree only. The file keeps the
     policy's portable settings only: ``load`` prices it with the step costs of the machine that
-    decodes (:mod:`medusa_lite.costs`); the table here is a note of this machine's.
+    decodes (:mod:`medusa_lite.trees.costs`); the table here is a note of this machine's.
 """
 
 from __future__ import annotations
@@ -42,13 +42,7 @@ import torch
 from tqdm import tqdm
 from transformers import Cache
 
-from medusa_lite.cache import reserved_cache
-from medusa_lite.commands.options import set_threads
-from medusa_lite.dtypes import DTYPE_CHOICES, dtype_name, parse_dtype
-from medusa_lite.dynamic_tree import DEFAULT_MAX_NODES, DEFAULT_TOKENS_PER_COST, DynamicTree, row_costs_from_table
-from medusa_lite.errors import MedusaError
-from medusa_lite.generate import accepted_path, propose
-from medusa_lite.loading import (
+from medusa_lite.artifacts.loading import (
     DEFAULT_HEADS_DIR,
     TREE_FILE_NAME,
     MissingHeadsError,
@@ -58,12 +52,23 @@ from medusa_lite.loading import (
     verification_rows,
     write_tree_file,
 )
-from medusa_lite.measure import chat_input_ids, machine_info, plain_generate
-from medusa_lite.model import MedusaModel
-from medusa_lite.prepack import default_backend, prepack_linears, prepack_supported
-from medusa_lite.sampling import SamplingSettings, pick_tokens
-from medusa_lite.tree import REFERENCE_TOPK_ACCURACY, Tree, best_tree, expected_accepted_tokens
-from medusa_lite.verify import keep_accepted_in_cache, verify_tree
+from medusa_lite.bench.measure import chat_input_ids, machine_info, plain_generate
+from medusa_lite.commands.options import set_threads
+from medusa_lite.cpu.prepack import default_backend, prepack_linears, prepack_supported
+from medusa_lite.decoding.cache import reserved_cache
+from medusa_lite.decoding.generate import accepted_path, propose
+from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
+from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree
+from medusa_lite.dtypes import DTYPE_CHOICES, dtype_name, parse_dtype
+from medusa_lite.errors import MedusaError
+from medusa_lite.trees.dynamic_tree import (
+    DEFAULT_MAX_NODES,
+    DEFAULT_TOKENS_PER_COST,
+    DynamicTree,
+    row_costs_from_table,
+)
+from medusa_lite.trees.tree import REFERENCE_TOPK_ACCURACY, Tree, best_tree, expected_accepted_tokens
 
 DEFAULT_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 DEFAULT_PREFIX_TOKENS = 200

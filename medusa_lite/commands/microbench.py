@@ -18,13 +18,13 @@ from collections.abc import Sequence
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
+from medusa_lite.artifacts.loading import load, tree_of
+from medusa_lite.bench.measure import plain_generate, timed
 from medusa_lite.commands.options import set_threads
+from medusa_lite.decoding.generate import generate
+from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.decoding.sampling import SamplingSettings
 from medusa_lite.dtypes import EXPLICIT_DTYPE_CHOICES, parse_dtype
-from medusa_lite.generate import generate
-from medusa_lite.loading import load, tree_of
-from medusa_lite.measure import plain_generate, timed
-from medusa_lite.model import MedusaModel
-from medusa_lite.sampling import SamplingSettings
 
 TINY_CONFIG = dict(
     vocab_size=512,

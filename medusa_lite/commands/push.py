@@ -1,4 +1,5 @@
-"""``medusa-lite push``: upload a trained artifact to the Hugging Face Hub (:func:`medusa_lite.hub.push_heads_to_hub`).
+"""``medusa-lite push``: upload a trained artifact to the Hugging Face Hub
+(:func:`medusa_lite.artifacts.hub.push_heads_to_hub`).
 
     medusa-lite push runs/smollm2-heads/heads your-name/smollm2-medusa-heads [--private] [--revision BRANCH]
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from medusa_lite.hub import push_heads_to_hub
+from medusa_lite.artifacts.hub import push_heads_to_hub
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,7 +6,7 @@
 Any config key can be overridden on the command line (``--epochs 2``, ``--lora.r 16``); unknown
 keys are rejected. Writes ``<output_dir>/heads`` (``MedusaHeads.save_pretrained``: config.json
 with a ``training_summary`` + model.safetensors, and ``adapter/`` in Medusa-2 (``lora``) mode: the
-layout of medusa_lite/artifact.py), ``<output_dir>/checkpoints/step-*`` and ``<output_dir>/metrics.jsonl``.
+layout of medusa_lite/artifacts/files.py), ``<output_dir>/checkpoints/step-*`` and ``<output_dir>/metrics.jsonl``.
 See medusa_lite/training/ for the pieces and README.md ("Training heads") for recipes.
 """
 

@@ -4,7 +4,7 @@ Medusa-2 heads were trained on the *adapted* model's hidden states, so they must
 adapted model: :func:`load_trained` merges the LoRA adapter into the base model's weights, so
 the result is a plain transformers model that tree verification handles like any other; the
 decoding is then exact with respect to the adapted model. ``medusa_lite.load(model,
-heads="<out>/heads")`` does the same from a model path; the layout is :mod:`medusa_lite.artifact`'s.
+heads="<out>/heads")`` does the same from a model path; the layout is :mod:`medusa_lite.artifacts.files`'s.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from medusa_lite.artifact import adapt_target
-from medusa_lite.heads import HEADS_WHAT, MedusaHeads
-from medusa_lite.model import MedusaModel
-from medusa_lite.resolve import resolve_source
+from medusa_lite.artifacts.files import adapt_target
+from medusa_lite.artifacts.resolve import resolve_source
+from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.drafters.medusa.heads import HEADS_WHAT, MedusaHeads
 from medusa_lite.training.checks import HEADS_DIR
 from medusa_lite.training.errors import TrainingConfigError
 

@@ -25,8 +25,8 @@ DEFAULT_HEAD_DECAY = 0.8
 DEFAULT_MODEL_KEYWORD = "default"
 DATA_FORMATS = ("auto", "chat", "text")
 # What to train: Medusa heads (each head guesses one depth from the target's hidden state), a
-# sequential drafter (medusa_lite.drafter: one decoder layer drafting depth d from its own depth d-1), or
-# Hydra-style heads (medusa_lite.hydra: head k also reads the k tokens drafted on its path).
+# sequential drafter (medusa_lite.drafters.sequential: one decoder layer drafting depth d from its own depth d-1), or
+# Hydra-style heads (medusa_lite.drafters.hydra: head k also reads the k tokens drafted on its path).
 DRAFTER_KINDS = ("medusa_heads", "sequential", "hydra")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")

@@ -1,4 +1,5 @@
-"""The datastore ``generate`` looks up guesses in (:mod:`medusa_lite.datastore`), built from head-training data.
+"""The datastore ``generate`` looks up guesses in, built from head-training data
+(:mod:`medusa_lite.proposers.datastore`).
 
 It reads the config's data files exactly as training does (same tokenizer, chat template,
 max_length and held-out split) and keeps the assistant tokens of each *training* sequence, one
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoTokenizer
 
-from medusa_lite.datastore import Datastore
+from medusa_lite.proposers.datastore import Datastore
 from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
 from medusa_lite.training.data import DataStats, Sample, load_training_data
 
@@ -23,7 +24,9 @@ def answer_tokens(samples: list[Sample]) -> list:
 def tokenizer_and_vocab_size(model: str):
     """The target's tokenizer and vocabulary size, without loading its weights."""
     if model == DEFAULT_MODEL_KEYWORD:
-        from medusa_lite.default_model import ensure_default_model  # lazy: converts the GGUF file on first use
+        from medusa_lite.artifacts.default_model import (
+            ensure_default_model,  # lazy: converts the GGUF file on first use
+        )
 
         model = str(ensure_default_model())
     return AutoTokenizer.from_pretrained(model), AutoConfig.from_pretrained(model).get_text_config().vocab_size

@@ -2,7 +2,7 @@
 
 "Training-time test" (EAGLE-3): depth d's rows read the output features depth d-1 produced (not
 the target's), paired with the true token, and attend causally to the true pairs plus their own
-position's rows of the earlier depths (:func:`~medusa_lite.drafter.causal_plus_own_attention`).
+position's rows of the earlier depths (:func:`~medusa_lite.drafters.sequential.drafter.causal_plus_own_attention`).
 That is exactly what decoding computes along a drafted path whose tokens are right so far, which
 is the only path that can still be accepted: so the held-out accuracy of depth d here is the
 drafter's accuracy at depth d *given depths < d right*, as at inference, and the chain accuracy
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from medusa_lite.drafter import SequentialDrafter, causal_plus_own_attention
+from medusa_lite.drafters.sequential.drafter import SequentialDrafter, causal_plus_own_attention
 from medusa_lite.training.losses import IGNORE, head_loss, head_targets, states_ahead, to_draft_targets
 from medusa_lite.training.objective import LossSettings, teacher_logits
 

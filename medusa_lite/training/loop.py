@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from medusa_lite.artifact import ADAPTER_DIR
-from medusa_lite.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.artifacts.files import ADAPTER_DIR
+from medusa_lite.drafters.hydra.heads import HydraConfig, HydraHeads
+from medusa_lite.drafters.medusa.heads import MedusaConfig, MedusaHeads
+from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.extras import require_extra
-from medusa_lite.heads import MedusaConfig, MedusaHeads
-from medusa_lite.hydra import HydraConfig, HydraHeads
 from medusa_lite.training import checkpoint as ckpt
 from medusa_lite.training import hidden_cache
 from medusa_lite.training.checks import (
@@ -311,7 +311,7 @@ def write_heads(
     """Save heads (or a drafter) atomically (temp folder, then rename) and check they load strictly.
 
     ``adapter_model`` (Medusa-2: the peft model whose adapter was trained) saves its adapter into
-    the heads folder's ``adapter/`` (the layout of :mod:`medusa_lite.artifact`).
+    the heads folder's ``adapter/`` (the layout of :mod:`medusa_lite.artifacts.files`).
     """
     module_class = ARTIFACT_CLASSES[type(heads_config)]
     heads = module_class(heads_config)
@@ -350,7 +350,7 @@ def weights_digest(module: torch.nn.Module) -> str:
 def push(heads_dir: Path, repo_id: str, log: RunLog) -> str | None:
     """Upload the saved heads; a failure is reported, never raised (the heads stay on disk)."""
     try:
-        from medusa_lite.hub import push_heads_to_hub
+        from medusa_lite.artifacts.hub import push_heads_to_hub
 
         url = push_heads_to_hub(str(heads_dir), repo_id, token=None, private=False)
         log.say(f"pushed heads to {repo_id}: {url}")
@@ -358,7 +358,7 @@ def push(heads_dir: Path, repo_id: str, log: RunLog) -> str | None:
     except Exception as error:  # network, auth, missing module: keep the saved heads either way
         message = (
             f"push to the Hub ({repo_id}) failed: {type(error).__name__}: {error}. The heads are saved in "
-            f"{heads_dir}; push them later with medusa_lite.hub.push_heads_to_hub({str(heads_dir)!r}, "
+            f"{heads_dir}; push them later with medusa_lite.artifacts.hub.push_heads_to_hub({str(heads_dir)!r}, "
             f"{repo_id!r})"
         )
         log.say(message)

@@ -7,13 +7,13 @@ import os
 
 import torch
 
-from medusa_lite.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.artifacts.loading import load_target
+from medusa_lite.decoding.model import MedusaModel, hidden_state_count
+from medusa_lite.drafters.hydra.heads import HydraConfig, HydraHeads
+from medusa_lite.drafters.medusa.heads import MedusaHeads
+from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.dtypes import AUTO, parse_dtype
 from medusa_lite.extras import require_extra
-from medusa_lite.heads import MedusaHeads
-from medusa_lite.hydra import HydraConfig, HydraHeads
-from medusa_lite.loading import load_target
-from medusa_lite.model import MedusaModel, hidden_state_count
 from medusa_lite.training.checks import check_processes_connected
 from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
 from medusa_lite.training.drafter_objective import DrafterObjective, state_layers
@@ -108,7 +108,7 @@ def fresh_heads(
         next_token_input=config.next_token_input,
     ).heads
     if config.model == DEFAULT_MODEL_KEYWORD:
-        from medusa_lite.default_model import DEFAULT_MODEL_NAME
+        from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
 
         heads.config.base_model_name_or_path = DEFAULT_MODEL_NAME
     return heads.float()  # float32 master weights whatever the target's dtype
@@ -124,7 +124,7 @@ def fresh_hydra_heads(config: TrainConfig, base_model, draft_token_ids: torch.Te
         base_model_name_or_path=getattr(base_model.config, "_name_or_path", None) or None,
     )
     if config.model == DEFAULT_MODEL_KEYWORD:
-        from medusa_lite.default_model import DEFAULT_MODEL_NAME
+        from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
 
         hydra_config.base_model_name_or_path = DEFAULT_MODEL_NAME
     heads = HydraHeads(hydra_config)
@@ -146,7 +146,7 @@ def fresh_drafter(config: TrainConfig, base_model, draft_token_ids: torch.Tensor
         base_model, depth=config.num_heads, draft_vocab_size=draft_size, feature_layers=config.feature_layers
     )
     if config.model == DEFAULT_MODEL_KEYWORD:
-        from medusa_lite.default_model import DEFAULT_MODEL_NAME
+        from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
 
         drafter_config.base_model_name_or_path = DEFAULT_MODEL_NAME
     drafter = SequentialDrafter(drafter_config)

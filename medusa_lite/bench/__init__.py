@@ -1,0 +1,1 @@
+"""Measuring: prompts, plain baselines and timing shared by the benchmark commands and experiments."""

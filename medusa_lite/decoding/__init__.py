@@ -1,0 +1,1 @@
+"""Decoding: the target wrapper, the propose -> verify -> accept -> commit loop, sampling and the KV cache."""

@@ -1,0 +1,1 @@
+"""Medusa heads: K residual blocks on the target's last hidden state."""

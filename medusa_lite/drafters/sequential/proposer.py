@@ -1,0 +1,254 @@
+"""The sequential drafter as a proposer: EAGLE-2 draft trees, sized by the cost of verifying rows.
+
+Each step the drafter first takes in the pairs committed since its last step (the target's
+hidden states that produced the newly committed tokens, :attr:`StepContext.fresh`: the final
+ones, or the layers its ``feature_layers`` name), then
+grows candidates by its own confidence (:func:`~medusa_lite.drafters.growth.grow_candidates`: each
+depth expands the ``topk`` likeliest frontier nodes, each offering ``topk`` children), ranks them
+by cumulative probability and keeps as many as pay for their rows: with a
+:class:`~medusa_lite.trees.dynamic_tree.DynamicTree`'s measured ``row_costs`` the count that maximises
+expected tokens minus ``tokens_per_cost`` x cost (the dynamic tree's rule, counting the rows the
+proposers before it already use), else its whole budget.
+
+Candidates are deterministic given the committed text, so the acceptance rule for deterministic
+candidates keeps greedy output identical to the target's and sampling exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from medusa_lite.decoding.model import TargetOutput, hidden_state_count
+from medusa_lite.drafters.growth import (
+    DrafterCache,
+    RootDraft,
+    candidate_count_limit,
+    commit_pairs,
+    grow_candidates,
+    proposal_by_cost,
+    ranked_nodes,
+)
+from medusa_lite.drafters.medusa.heads import DraftLMHead
+from medusa_lite.drafters.sequential.drafter import SequentialDrafter
+from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
+from medusa_lite.proposers.base import Candidates, Proposer, StepContext, StepLimits, TargetStates
+from medusa_lite.trees.costs import Proposal
+from medusa_lite.trees.dynamic_tree import DynamicTree
+
+# Children offered per expanded node, and nodes expanded per depth (EAGLE-2's top_k; it uses 10
+# on a GPU, where rows are nearly free; on a CPU each row costs, so fewer, likelier ones).
+DEFAULT_DRAFTER_TOPK = 4
+# Most nodes the drafter adds per step (before any cost-based cut).
+DEFAULT_DRAFTER_NODES = 12
+DRAFTER_SOURCE = "drafter"
+# Tokens a step commits in a typical step (bonus token included): what calibration has the drafter
+# take in before drafting, as each step begins by appending the newly committed pairs.
+CALIBRATION_TAKE_IN = 3
+
+
+def check_drafter_fits(model, drafter: SequentialDrafter) -> None:
+    hidden = model.base_model.get_input_embeddings().weight.shape[1]
+    config = drafter.config
+    if config.hidden_size != hidden or config.vocab_size != model.vocab_size:
+        raise IncompatibleHeadsError(
+            f"the drafter expects hidden size {config.hidden_size} and vocab size "
+            f"{config.vocab_size}, but the model has "
+            f"{hidden} and {model.vocab_size}: it was trained for another model "
+            f"({config.base_model_name_or_path!r})"
+        )
+    states = hidden_state_count(model.base_model)
+    if config.feature_layers is not None and max(config.feature_layers) >= states:
+        raise IncompatibleHeadsError(
+            f"the drafter reads the target's layers {config.feature_layers}, but the model has only "
+            f"{states} hidden states (indices 0..{states - 1}): it was trained for another model "
+            f"({config.base_model_name_or_path!r})"
+        )
+
+
+@dataclass(frozen=True)
+class SequentialDrafterProposer(Proposer):
+    """Guesses from a :class:`~medusa_lite.drafters.sequential.drafter.SequentialDrafter` (see the module docstring).
+
+    ``depth`` None: the depth the drafter was trained to draft. ``costs``: the policy whose
+    ``row_costs`` and ``tokens_per_cost`` size each step; None: ``model.tree`` when that is a
+    :class:`DynamicTree` (its tree.json), else every step uses ``max_new_nodes``.
+    ``draft_lm_head``: the target lm_head's rows of the drafter's draft vocabulary, gathered (and
+    packed for few rows) once by ``load``; None: gathered at the start of each generation.
+    """
+
+    drafter: SequentialDrafter
+    topk: int = DEFAULT_DRAFTER_TOPK
+    max_new_nodes: int = DEFAULT_DRAFTER_NODES
+    depth: int | None = None
+    costs: DynamicTree | None = None
+    draft_lm_head: DraftLMHead | None = None
+    name: ClassVar[str] = DRAFTER_SOURCE
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.drafter, SequentialDrafter):
+            raise GenerationInputError(
+                "SequentialDrafterProposer needs a medusa_lite.drafters.sequential.drafter.SequentialDrafter, got "
+                f"{type(self.drafter).__name__}"
+            )
+        for name in ("topk", "max_new_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise GenerationInputError(f"SequentialDrafterProposer.{name} must be an integer >= 1, got {value!r}")
+        if self.depth is not None and (
+            isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0
+        ):
+            raise GenerationInputError(
+                f"SequentialDrafterProposer.depth must be None or an integer >= 0, got {self.depth!r}"
+            )
+        if self.costs is not None and not isinstance(self.costs, DynamicTree):
+            raise GenerationInputError(
+                "SequentialDrafterProposer.costs must be a DynamicTree (its row_costs) or None, got "
+                f"{type(self.costs).__name__}"
+            )
+
+    def draft_depth(self, max_depth: int | None) -> int:
+        depth = self.drafter.config.depth if self.depth is None else self.depth
+        return depth if max_depth is None else max(min(depth, max_depth), 0)
+
+    def packed_rows(self) -> int:
+        """The most rows one of its forwards takes while decoding: a depth's ``topk`` expanded nodes, or the pairs
+        one step commits (up to ``depth + 1``)."""
+        return max(self.topk, self.draft_depth(None) + 1)
+
+    def max_nodes(self, limits: StepLimits) -> int:
+        return min(
+            self.max_new_nodes,
+            candidate_count_limit(
+                min(self.topk, self.drafter.config.guess_vocab_size), self.draft_depth(limits.max_depth)
+            ),
+        )
+
+    def begin(self, model, prompt, limits):
+        check_drafter_fits(model, self.drafter)
+        parameter = model.base_model.get_output_embeddings().weight
+        if (
+            next(self.drafter.parameters()).device != parameter.device
+            or next(self.drafter.parameters()).dtype != parameter.dtype
+        ):
+            self.drafter.to(device=parameter.device, dtype=parameter.dtype)
+        costs = self.costs if self.costs is not None else (model.tree if isinstance(model.tree, DynamicTree) else None)
+        return DrafterRun(self, model, costs)
+
+    def propose(self, step: StepContext) -> Candidates | None:
+        raise GenerationInputError(
+            "SequentialDrafterProposer keeps a cache per generation: generate() calls begin() first"
+        )
+
+
+class DrafterRun(Proposer):
+    """One generation's drafter: its KV cache of committed pairs and the last pair's output."""
+
+    name: ClassVar[str] = DRAFTER_SOURCE
+
+    def __init__(self, spec: SequentialDrafterProposer, model, costs: DynamicTree | None):
+        self.spec = spec
+        self.drafter = spec.drafter.eval()
+        self.embed = model.base_model.get_input_embeddings()
+        base_lm_head = model.base_model.get_output_embeddings()
+        ids = self.drafter.draft_token_ids
+        if ids is None:
+            self.lm_head = base_lm_head
+        else:
+            self.lm_head = spec.draft_lm_head if spec.draft_lm_head is not None else DraftLMHead(base_lm_head, ids)
+        self.costs = costs
+        weight = base_lm_head.weight
+        self.cache = DrafterCache.empty(self.drafter, weight.device, weight.dtype)
+        self.root: RootDraft | None = None
+
+    def max_nodes(self, limits: StepLimits) -> int:
+        return self.spec.max_nodes(limits)
+
+    @property
+    def pricing(self) -> DynamicTree | None:
+        return self.costs
+
+    def expansion_price(self) -> float:
+        """Expected tokens one drafter forward must buy (0 unpriced): its measured share of the proposal's cost
+        (about one forward per depth) at the policy's ``tokens_per_cost``."""
+        if self.costs is None:
+            return 0.0
+        return self.costs.tokens_per_cost * self.costs.proposal_cost / max(self.spec.draft_depth(None), 1)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(self.drafter.config.feature_layers or ())
+
+    def take_in(self, step: StepContext) -> None:
+        """Append the pairs committed since the last step: (fresh target features i, the token they produced)."""
+        fresh = step.fresh.features(self.drafter.config.feature_layers)
+        count = fresh.shape[0]
+        expected = step.history.numel() - 1 - self.cache.length
+        if count != expected:
+            raise GenerationInputError(
+                f"the drafter holds {self.cache.length} committed pairs and got {count} fresh hidden states "
+                f"for {expected} new tokens"
+            )
+        self.cache, self.root = commit_pairs(
+            self.drafter, self.cache, fresh, step.history[-count:], self.embed, self.lm_head
+        )
+
+    @torch.inference_mode()
+    def propose(self, step: StepContext) -> Candidates | None:
+        self.take_in(step)
+        depth = self.spec.draft_depth(step.max_depth)
+        if depth == 0 or step.max_nodes == 0:
+            return None
+        candidates = grow_candidates(
+            self.drafter,
+            self.cache,
+            self.root,
+            int(step.root),
+            self.embed,
+            self.lm_head,
+            depth,
+            self.spec.topk,
+            self.expansion_price(),
+        )
+        return proposal_by_cost(candidates, step, self.costs, DRAFTER_SOURCE)
+
+
+def drafter_proposal(spec: SequentialDrafterProposer, model) -> Proposal:
+    """What calibration (:mod:`medusa_lite.trees.costs`) times as the drafter's work per step: taking in
+    :data:`CALIBRATION_TAKE_IN` committed pairs, then growing its deepest candidate tree and ranking it."""
+    config = spec.drafter.config
+    depth = spec.draft_depth(None)
+    signature = {
+        "kind": config.kind,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "guess_vocab_size": config.guess_vocab_size,
+        "depth": depth,
+        "topk": spec.topk,
+        "feature_layers": config.feature_layers,
+    }
+
+    def prepare(prefix: TargetOutput, tokens: torch.Tensor, root: torch.Tensor):
+        run = DrafterRun(spec, model, None)
+        hidden = TargetStates.of(prefix, run.feature_layers).features(config.feature_layers)
+        followers = torch.cat([tokens[1:], root])  # pair i is (h_i, the token after it)
+        take_in = min(CALIBRATION_TAKE_IN, followers.numel())
+        with torch.inference_mode():
+            cache, _ = commit_pairs(
+                run.drafter, run.cache, hidden[:-take_in], followers[:-take_in], run.embed, run.lm_head
+            )
+
+        @torch.inference_mode()
+        def propose_once() -> None:
+            longer, root_draft = commit_pairs(
+                run.drafter, cache, hidden[-take_in:], followers[-take_in:], run.embed, run.lm_head
+            )
+            ranked_nodes(
+                grow_candidates(run.drafter, longer, root_draft, int(root), run.embed, run.lm_head, depth, spec.topk)
+            )
+
+        return propose_once
+
+    return Proposal(signature, prepare)

@@ -1,0 +1,612 @@
+"""Proposers: every source of guesses feeds one draft tree, which the target verifies exactly.
+
+A :class:`Proposer` is given this step's context (:class:`StepContext`: the committed tokens,
+the target's last hidden state, the root token, the draft so far, its node budget) and returns
+:class:`Candidates`: guesses hanging from the root, each with the distribution q it was drawn
+from when it was drawn at random. ``generate`` checks them (:class:`ProposerError` names the
+proposer), merges them into the step's draft as a trie, verifies the draft in one forward,
+accepts exactly (:mod:`medusa_lite.decoding.acceptance`) and then tells every proposer what was accepted
+(:meth:`Proposer.accepted`), so a proposer with state (a draft model's KV cache) keeps in step.
+
+Proposers run in the order given; each sees the draft the earlier ones built (the heads' dynamic
+tree sizes itself around the lookup chain already there). Which lookup wins is data:
+:class:`FirstOf` asks its members in order and keeps the first that proposes anything.
+
+A proposer's :meth:`~Proposer.max_nodes` is the most nodes it adds in a step; their sum plus the
+root is the step's row budget (:func:`row_budgets`), what the KV cache and packed weights are
+sized for. Configured proposers are specifications; :meth:`~Proposer.begin` returns the one that
+runs for one generation (the same object when it keeps no state).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from medusa_lite.decoding.sampling import SamplingSettings
+from medusa_lite.errors import GenerationInputError, MedusaError
+from medusa_lite.proposers.datastore import Datastore, datastore_continuation
+from medusa_lite.proposers.lookup import LOOKUP_MAX_NGRAM, LOOKUP_TOKENS_PER_MATCHED_TOKEN, prompt_lookup
+from medusa_lite.trees.draft import (
+    DATASTORE_SOURCE,
+    HEADS_SOURCE,
+    PROMPT_LOOKUP_SOURCE,
+    DraftTree,
+    Draw,
+    draft_tree,
+    first_path,
+    graft,
+)
+from medusa_lite.trees.dynamic_tree import DynamicTree, chain_ranks
+from medusa_lite.trees.tree import Tree, as_tree, check_topk_fits
+
+if TYPE_CHECKING:
+    from medusa_lite.decoding.model import MedusaModel
+
+# Most prompt-lookup guesses per step; a match of n tokens gets at most 2n of them
+# (LOOKUP_TOKENS_PER_MATCHED_TOKEN). Chosen by replay: benchmarks/lookup_policy/.
+DEFAULT_LOOKUP_TOKENS = 6
+# Most datastore guesses per step (medusa_lite.proposers.datastore). Replay: benchmarks/lookup_policy/.
+DEFAULT_DATASTORE_TOKENS = 4
+# A prompt-lookup match this long is preferred to the datastore (replay: benchmarks/lookup_policy/).
+TRUSTED_MATCH_TOKENS = 2
+# A drawn node's q must sum to 1 within this (float32 softmax rounding over a large vocabulary).
+PROBABILITY_SUM_TOLERANCE = 1e-3
+
+
+class ProposerError(MedusaError, ValueError):
+    """A proposer returned malformed candidates (shape, ids, depth, duplicates, q) or broke its budget."""
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What bounds a proposer's share of a step: the model, the deepest guess allowed (None: no
+    bound known yet, e.g. when packing weights at load time), and the rows proposers before it may use
+    (root included)."""
+
+    model: MedusaModel
+    max_depth: int | None
+    rows_before: int = 1
+
+
+@dataclass(frozen=True)
+class TargetStates:
+    """The target's hidden states at m consecutive committed positions, oldest first: the final (post-norm) ones
+    [m, H], and the layers the running proposers asked for (:attr:`Proposer.feature_layers`), each [m, H],
+    keyed by their index into the model's ``hidden_states``."""
+
+    final: torch.Tensor
+    layers: Mapping[int, torch.Tensor] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, output, layers: Sequence[int], rows=slice(None)) -> TargetStates:
+        """The states at ``rows`` (an index into the sequence) of an unbatched
+        :class:`~medusa_lite.decoding.model.TargetOutput`, with its ``layers``."""
+        return cls(output.hidden[rows], {i: output.layers[i][rows] for i in layers})
+
+    def features(self, layers: Sequence[int] | None) -> torch.Tensor:
+        """[m, H x len(layers)]: those layers side by side, in that order (None: the final states alone)."""
+        return self.final if layers is None else torch.cat([self.layers[i] for i in layers], dim=-1)
+
+    def then(self, later: TargetStates) -> TargetStates:
+        """These states followed by ``later``'s (the same layers)."""
+        return TargetStates(
+            torch.cat([self.final, later.final]), {i: torch.cat([x, later.layers[i]]) for i, x in self.layers.items()}
+        )
+
+    def emptied(self) -> TargetStates:
+        return TargetStates(self.final[:0], {i: x[:0] for i, x in self.layers.items()})
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a proposer sees in one decoding step."""
+
+    model: MedusaModel
+    history: torch.Tensor  # [L] the prompt and every committed token; the last one is the root
+    root: torch.Tensor  # [1] the token the target produced last (node 0 of the draft)
+    hidden: torch.Tensor  # [H] the target's last hidden state (the one that produced the root)
+    draft: DraftTree  # what the proposers before this one proposed
+    max_depth: int  # the deepest guess allowed this step (length limit)
+    max_nodes: int  # the most nodes this proposer may add this step (its share of the row budget)
+    settings: SamplingSettings  # the target's sampling settings (a sampling proposer's q should use them)
+    generator: torch.Generator | None = None
+    # the target's hidden states that produced the last m committed tokens (history[-m:]) since the
+    # proposers were last asked: the whole prompt's at the first step (what a drafter reading the
+    # target's features, medusa_lite.drafters.sequential.proposer, appends to its own cache)
+    fresh: TargetStates | None = None
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What verification kept: the draft, its accepted node indices (root first) and the committed tokens."""
+
+    draft: DraftTree
+    path: torch.Tensor  # [a + 1] node indices, the root first
+    tokens: torch.Tensor  # [a + 1] the accepted guesses, then the bonus token (before any EOS cut)
+    side_logits: torch.Tensor | None = None  # [M, V] the target's logits at this proposer's side rows, if it had any
+
+
+@dataclass(frozen=True)
+class SideRows:
+    """Extra rows a proposer has the target run in the verification forward (lookahead decoding's
+    Jacobi window): ``tokens`` [M] at ``offsets`` [M] positions after the root, each attending to the
+    cached text, the root and the side rows ``mask`` [M, M] allows. No draft node attends to them
+    and the cache keeps none of them; their logits come back in :attr:`StepOutcome.side_logits`."""
+
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    mask: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Guesses hanging from the step's root: node i + 1 holds ``tokens[i]`` and is a child of node
+    ``parents[i]`` (0 = the root, j = ``tokens[j - 1]``; so ``parents[i] <= i``).
+
+    ``q``: None (every guess deterministic), or per node None or the distribution [V] (float, the
+    target's vocabulary) its token was sampled from, given its ancestors and the siblings drawn
+    before it (sample siblings without replacement: remove each drawn token from q and
+    renormalise before the next). Siblings must hold distinct tokens.
+    ``source``: the label in stats (None: the proposer's ``name``). ``shape``: set by the heads,
+    whose guesses fill a fixed :class:`Tree`: its precomputed mask is reused and its rows go first.
+    """
+
+    tokens: torch.Tensor
+    parents: Sequence[int] | torch.Tensor
+    q: Sequence[torch.Tensor | None] | None = None
+    source: str | None = None
+    shape: Tree | None = field(default=None, repr=False)
+
+    @classmethod
+    def chain(
+        cls, tokens: torch.Tensor, q: Sequence[torch.Tensor | None] | None = None, source: str | None = None
+    ) -> Candidates:
+        """One chain from the root: each token the child of the one before."""
+        return cls(tokens, list(range(tokens.numel())), q, source)
+
+    def __len__(self) -> int:
+        return self.tokens.numel() if isinstance(self.tokens, torch.Tensor) else 0
+
+
+class Proposer:
+    """One source of guesses. Subclasses set ``name`` and implement :meth:`max_nodes` and :meth:`propose`."""
+
+    name: ClassVar[str] = "proposer"
+
+    def begin(self, model: MedusaModel, prompt: torch.Tensor, limits: StepLimits) -> Proposer:
+        """The proposer that runs for one generation of ``prompt`` (self when it keeps no state).
+
+        Called before the prefill; should check its settings against ``model`` and stay cheap.
+        """
+        return self
+
+    def max_nodes(self, limits: StepLimits) -> int:
+        """The most nodes :meth:`propose` adds in one step (what the cache and packed weights reserve)."""
+        raise NotImplementedError
+
+    def propose(self, step: StepContext) -> Candidates | None:
+        """This step's guesses, or None."""
+        raise NotImplementedError
+
+    def side_rows(self, step: StepContext) -> SideRows | None:
+        """Rows to run beside this step's draft in the same forward (:class:`SideRows`), or None (the default)."""
+        return None
+
+    def accepted(self, outcome: StepOutcome) -> None:
+        """Called after every verification with what was accepted (roll back a cache, update statistics)."""
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """The target's layers (indices into its ``hidden_states``) this proposer reads in :attr:`StepContext.fresh`
+        besides the final hidden state; ``generate`` keeps only the layers some proposer asks for."""
+        return ()
+
+    @property
+    def pricing(self) -> DynamicTree | None:
+        """The measured step costs this proposer sizes its guesses by (a :class:`DynamicTree`'s ``row_costs`` and
+        its ``proposal_cost``), or None. ``generate``'s speculation gate prices steps with the first one found."""
+        return None
+
+
+# -- checking and merging what a proposer returns ---------------------------------------------
+def as_draft(candidates: Candidates, step: StepContext, name: str) -> DraftTree:
+    """The draft of ``candidates`` (root + nodes), checked; a :class:`ProposerError` naming ``name`` if malformed."""
+
+    def refuse(problem: str) -> ProposerError:
+        return ProposerError(f"proposer {name!r} returned malformed candidates: {problem}")
+
+    if not isinstance(candidates, Candidates):
+        raise refuse(f"expected medusa_lite.Candidates or None, got {type(candidates).__name__}")
+    tokens = candidates.tokens
+    if (
+        not isinstance(tokens, torch.Tensor)
+        or tokens.dim() != 1
+        or tokens.dtype.is_floating_point
+        or tokens.dtype == torch.bool
+    ):
+        raise refuse(f"tokens must be a 1-D tensor of integer ids, got {describe(tokens)}")
+    count = tokens.numel()
+    if count > step.max_nodes:
+        raise refuse(f"{count} nodes, more than the {step.max_nodes} it may add per step (its max_nodes)")
+    tokens = tokens.to(device=step.root.device, dtype=torch.long)
+    vocab_size = step.model.vocab_size
+    if count and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        bad = int(tokens.min()) if int(tokens.min()) < 0 else int(tokens.max())
+        raise refuse(f"token id {bad} is outside the vocabulary [0, {vocab_size})")
+    parents = candidates.parents.tolist() if isinstance(candidates.parents, torch.Tensor) else list(candidates.parents)
+    if len(parents) != count:
+        raise refuse(f"{len(parents)} parents for {count} tokens")
+    depths, seen = [0], set()
+    for i, (parent, token) in enumerate(zip(parents, tokens.tolist())):
+        if isinstance(parent, bool) or not isinstance(parent, int) or not 0 <= parent <= i:
+            raise refuse(f"node {i + 1}'s parent must be an earlier node in 0..{i} (0 = the root), got {parent!r}")
+        if (parent, token) in seen:
+            raise refuse(
+                f"token {token} appears twice among the children of node {parent} (siblings must be distinct)"
+            )
+        seen.add((parent, token))
+        depths.append(depths[parent] + 1)
+    if count and max(depths) > step.max_depth:
+        raise refuse(
+            f"a guess at depth {max(depths)}, past the {step.max_depth} this step allows "
+            "(the context or max_new_tokens)"
+        )
+    draws = checked_draws(candidates.q, tokens, parents, vocab_size, refuse)
+    source = candidates.source or name
+    if candidates.shape is not None:
+        if candidates.shape.num_nodes != count + 1 or candidates.shape.parents[1:].tolist() != parents:
+            raise refuse("shape does not match the candidates' parents")
+        return replace(draft_tree(candidates.shape, torch.cat([step.root, tokens]), source), draws=draws)
+    parent_tensor = torch.tensor([0] + parents, dtype=torch.long)
+    mask = torch.eye(count + 1, dtype=torch.bool)
+    for j in range(1, count + 1):
+        mask[j] |= mask[parents[j - 1]]
+    sources = ("root",) + (source,) * count
+    return DraftTree(torch.cat([step.root, tokens]), parent_tensor, torch.tensor(depths), mask, sources, draws)
+
+
+def checked_draws(q, tokens: torch.Tensor, parents: list[int], vocab_size: int, refuse) -> tuple[Draw, ...]:
+    """The candidates' drawn nodes as :class:`Draw` entries, each q checked: a distribution that can draw its token."""
+    if q is None:
+        return ()
+    if isinstance(q, torch.Tensor) or len(q) != tokens.numel():
+        raise refuse(
+            f"q must be a sequence of one entry per node ({tokens.numel()}), each None or a [{vocab_size}] tensor"
+        )
+    draws = []
+    for i, distribution in enumerate(q):
+        if distribution is None:
+            continue
+        if (
+            not isinstance(distribution, torch.Tensor)
+            or not distribution.dtype.is_floating_point
+            or tuple(distribution.shape) != (vocab_size,)
+        ):
+            raise refuse(
+                f"q of node {i + 1} must be a float tensor of shape [{vocab_size}], got {describe(distribution)}"
+            )
+        distribution = distribution.float()
+        total = float(distribution.sum())
+        if (
+            not bool(torch.isfinite(distribution).all())
+            or float(distribution.min()) < 0
+            or abs(total - 1) > PROBABILITY_SUM_TOLERANCE
+        ):
+            raise refuse(
+                f"q of node {i + 1} is not a probability distribution (sum {total:.4g}, all finite and >= 0 required)"
+            )
+        token = int(tokens[i])
+        if float(distribution[token]) <= 0:
+            raise refuse(
+                f"node {i + 1}'s token {token} has probability 0 under its q, so it cannot have been drawn from it"
+            )
+        draws.append(Draw(parents[i], i + 1, distribution))
+    return tuple(draws)
+
+
+def describe(value: object) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)} and dtype {value.dtype}"
+    return type(value).__name__
+
+
+def add_candidates(draft: DraftTree, candidates: Candidates | None, step: StepContext, name: str) -> DraftTree:
+    """``draft`` with a proposer's checked candidates merged in (a fixed-shape tree's rows first, reusing its mask)."""
+    if candidates is None or (isinstance(candidates, Candidates) and len(candidates) == 0 and not candidates.q):
+        return draft
+    proposed = as_draft(candidates, step, name)
+    return graft(proposed, draft) if candidates.shape is not None else graft(draft, proposed)
+
+
+def row_budgets(proposers: Sequence[Proposer], model: MedusaModel, max_depth: int | None) -> list[int]:
+    """Each proposer's most nodes per step, in order (the one place the step's row budget is computed)."""
+    budgets, rows = [], 1
+    for proposer in proposers:
+        count = proposer.max_nodes(StepLimits(model, max_depth, rows))
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ProposerError(f"proposer {proposer.name!r}: max_nodes must return an integer >= 0, got {count!r}")
+        budgets.append(count)
+        rows += count
+    return budgets
+
+
+def step_rows(proposers: Sequence[Proposer], model: MedusaModel, max_depth: int | None = None) -> int:
+    """The most rows one step verifies: the root plus every proposer's most nodes."""
+    return 1 + sum(row_budgets(proposers, model, max_depth))
+
+
+def depth_cap(count: int, max_depth: int | None) -> int:
+    return count if max_depth is None else max(min(count, max_depth), 0)
+
+
+# -- the proposers -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FirstOf(Proposer):
+    """The first of ``members`` (asked in order) that proposes anything; its nodes keep its name as source."""
+
+    members: tuple[Proposer, ...]
+    name: ClassVar[str] = "first_of"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "members", tuple(self.members))
+        for member in self.members:
+            if not isinstance(member, Proposer):
+                raise GenerationInputError(
+                    f"FirstOf members must be medusa_lite.Proposer instances, got {type(member).__name__}"
+                )
+
+    def begin(self, model, prompt, limits):
+        return FirstOf(tuple(member.begin(model, prompt, limits) for member in self.members))
+
+    def max_nodes(self, limits):
+        return max((member.max_nodes(limits) for member in self.members), default=0)
+
+    def propose(self, step):
+        for member in self.members:
+            candidates = member.propose(step)
+            if candidates is not None and len(candidates):
+                return replace(candidates, source=candidates.source or member.name)
+        return None
+
+    def accepted(self, outcome):
+        for member in self.members:
+            member.accepted(outcome)
+
+
+def check_token_count(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GenerationInputError(f"{name} must be an integer >= 0 (0 turns that lookup off), got {value!r}")
+
+
+@dataclass(frozen=True)
+class PromptLookup(Proposer):
+    """Prompt lookup (:mod:`medusa_lite.proposers.lookup`): what followed the latest earlier occurrence of the
+    text's last n-gram (n = ``max_ngram`` down to ``min_ngram``), at most ``max_tokens`` tokens and
+    ``tokens_per_matched_token`` per matched token (None: no such limit)."""
+
+    max_tokens: int = DEFAULT_LOOKUP_TOKENS
+    min_ngram: int = 1
+    max_ngram: int = LOOKUP_MAX_NGRAM
+    tokens_per_matched_token: int | None = LOOKUP_TOKENS_PER_MATCHED_TOKEN
+    name: ClassVar[str] = PROMPT_LOOKUP_SOURCE
+
+    def __post_init__(self) -> None:
+        check_token_count(self.max_tokens, "lookup_tokens")
+        if not (
+            isinstance(self.min_ngram, int)
+            and isinstance(self.max_ngram, int)
+            and 1 <= self.min_ngram <= self.max_ngram
+        ):
+            raise GenerationInputError(
+                f"prompt lookup needs 1 <= min_ngram <= max_ngram, got {self.min_ngram!r}, {self.max_ngram!r}"
+            )
+
+    def max_nodes(self, limits):
+        per_match = (
+            self.max_tokens
+            if self.tokens_per_matched_token is None
+            else self.tokens_per_matched_token * self.max_ngram
+        )
+        return depth_cap(min(self.max_tokens, per_match), limits.max_depth)
+
+    def chain(self, history: torch.Tensor, max_depth: int, model: MedusaModel | None = None) -> torch.Tensor:
+        """The guesses after ``history`` (empty when nothing matches)."""
+        return prompt_lookup(
+            history, min(self.max_tokens, max_depth), self.max_ngram, self.min_ngram, self.tokens_per_matched_token
+        )
+
+    def propose(self, step):
+        chain = self.chain(step.history, step.max_depth)
+        return Candidates.chain(chain) if chain.numel() else None
+
+
+@dataclass(frozen=True)
+class DatastoreLookup(Proposer):
+    """Datastore lookup (:mod:`medusa_lite.proposers.datastore`): at most ``max_tokens`` guesses voted by the
+    datastore's continuations of the text's last n-gram. ``datastore``: True = ``model.datastore``
+    (none: proposes nothing), a :class:`Datastore`, or None/False."""
+
+    datastore: Datastore | bool | None = True
+    max_tokens: int = DEFAULT_DATASTORE_TOKENS
+    name: ClassVar[str] = DATASTORE_SOURCE
+
+    def __post_init__(self) -> None:
+        check_token_count(self.max_tokens, "datastore_tokens")
+        if not (self.datastore is None or isinstance(self.datastore, (bool, Datastore))):
+            raise GenerationInputError(
+                "datastore must be a medusa_lite.Datastore, True (the model's), False or None, "
+                f"got {type(self.datastore).__name__}"
+            )
+
+    def store(self, model: MedusaModel | None) -> Datastore | None:
+        return (model.datastore if model is not None else None) if self.datastore is True else self.datastore or None
+
+    def begin(self, model, prompt, limits):
+        store = self.store(model)
+        if store is not None:
+            store.check_fits(model.vocab_size)
+        return DatastoreLookup(store, self.max_tokens)
+
+    def max_nodes(self, limits):
+        return depth_cap(self.max_tokens, limits.max_depth) if self.store(limits.model) is not None else 0
+
+    def chain(self, history: torch.Tensor, max_depth: int, model: MedusaModel | None = None) -> torch.Tensor:
+        """The guesses after ``history`` (empty when nothing matches or there is no datastore)."""
+        store = self.store(model)
+        return (
+            history[:0] if store is None else datastore_continuation(store, history, min(self.max_tokens, max_depth))
+        )
+
+    def propose(self, step):
+        chain = self.chain(step.history, step.max_depth, step.model)
+        return Candidates.chain(chain) if chain.numel() else None
+
+
+def default_lookups(
+    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
+    datastore: Datastore | bool | None = True,
+    datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
+) -> FirstOf:
+    """Prompt lookup with a match of ``TRUSTED_MATCH_TOKENS`` or more, else the datastore, else a 1-token match."""
+    return FirstOf(
+        (
+            PromptLookup(lookup_tokens, min_ngram=TRUSTED_MATCH_TOKENS),
+            DatastoreLookup(datastore, datastore_tokens),
+            PromptLookup(lookup_tokens, min_ngram=1, max_ngram=TRUSTED_MATCH_TOKENS - 1),
+        )
+    )
+
+
+def tree_tokens(tree: Tree, root_token: torch.Tensor, guesses: torch.Tensor) -> torch.Tensor:
+    """Tree tokens [N]: the root, then at a node of depth d and rank r ``guesses[d - 1, r]`` (head d's r-th best)."""
+    depths, ranks = tree.node_depths[1:].to(guesses.device), tree.node_ranks[1:].to(guesses.device)
+    return torch.cat([root_token.view(1), guesses[depths - 1, ranks]])
+
+
+def head_guesses(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree) -> torch.Tensor:
+    """Tree tokens [N]: the root, then at each node of depth d head d's guess of that node's rank."""
+    if tree.depth == 0:
+        return root_token.view(1)
+    guesses = model.head_topk(
+        hidden, max(tree.topk_per_depth()), tree.depth, next_tokens=root_token.view(())
+    )  # [depth, k]
+    return tree_tokens(tree, root_token, guesses)
+
+
+def dynamic_step_tree(
+    model: MedusaModel,
+    hidden: torch.Tensor,
+    root_token: torch.Tensor,
+    policy: DynamicTree,
+    chain: torch.Tensor,
+    chain_length: int | None = None,
+) -> tuple[Tree, torch.Tensor]:
+    """(this step's tree, its tokens [N]): the policy's choice from the heads' confidence in their guesses.
+
+    ``chain``: the guesses already in the draft along its first path; ``chain_length``: the nodes
+    already in the draft besides the root (default: the chain's length).
+    """
+    depth = min(policy.depth, model.num_heads)
+    if depth == 0 or policy.max_nodes == 1:
+        return policy.choose([]), root_token.view(1)
+    ranks = min(policy.max_nodes - 1, model.guess_vocab_size)  # all nodes may be siblings
+    guesses, probabilities = model.head_topk_probabilities(
+        hidden, ranks, depth, next_tokens=root_token.view(())
+    )  # [depth, k]
+    length = chain.numel() if chain_length is None else chain_length
+    tree = policy.choose(probabilities.tolist(), chain_ranks(guesses, chain), length)
+    return tree, tree_tokens(tree, root_token, guesses)
+
+
+def useful_nodes(policy: DynamicTree, depth: int, rows_before: int) -> int:
+    """The most nodes (root included) ``policy`` can ever choose for heads ``depth`` deep after ``rows_before`` rows.
+
+    A step accepts at most ``depth`` of the heads' guesses, so a tree is only chosen over the bare
+    root while ``tokens_per_cost * (cost(its rows) - cost(rows_before)) < depth``: nodes past that
+    would never be kept, and reserving room or ranking paths for them is wasted.
+    """
+    budget = depth / policy.tokens_per_cost + policy.cost(rows_before)
+    low, high = 0, policy.max_nodes - 1  # guesses: the largest count with cost(1 + count) < budget
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if policy.cost(1 + middle) < budget else (low, middle - 1)
+    return 1 + low
+
+
+@dataclass(frozen=True)
+class MedusaHeadsProposer(Proposer):
+    """The Medusa heads' guesses on a :class:`Tree`, or on the tree a :class:`DynamicTree` picks each
+    step (sized jointly with the nodes earlier proposers put in the draft). ``tree``: a Tree, a
+    DynamicTree, a list of rank paths, or None for ``model.tree``. Proposes nothing for a model without heads."""
+
+    tree: Tree | DynamicTree | Sequence[Sequence[int]] | None = None
+    name: ClassVar[str] = HEADS_SOURCE
+
+    def resolved(self, limits: StepLimits) -> Tree | DynamicTree:
+        model = limits.model
+        tree = (as_tree(self.tree, model.num_heads) if self.tree is not None else model.tree).pruned(model.num_heads)
+        if isinstance(tree, Tree):
+            check_topk_fits(tree, model.guess_vocab_size)
+            return tree
+        depth = min(tree.depth, model.num_heads, math.inf if limits.max_depth is None else limits.max_depth)
+        nodes = useful_nodes(tree, depth, limits.rows_before) if depth > 0 else 1
+        return tree if nodes >= tree.max_nodes else replace(tree, max_nodes=nodes)
+
+    def begin(self, model, prompt, limits):
+        return MedusaHeadsProposer(self.resolved(limits))
+
+    @property
+    def pricing(self) -> DynamicTree | None:
+        return self.tree if isinstance(self.tree, DynamicTree) else None
+
+    def max_nodes(self, limits):
+        if limits.model.heads is None:
+            return 0
+        tree = self.resolved(limits)
+        return (tree.pruned(limits.max_depth) if limits.max_depth is not None else tree).num_nodes - 1
+
+    def propose(self, step):
+        if step.model.heads is None:
+            return None
+        tree = self.tree.pruned(step.max_depth)
+        if isinstance(tree, DynamicTree):
+            chain = first_path(step.draft)
+            tree, tokens = dynamic_step_tree(step.model, step.hidden, step.root, tree, chain, step.draft.num_nodes - 1)
+        else:
+            tokens = head_guesses(step.model, step.hidden, step.root, tree)
+        return Candidates(tokens[1:], tree.parents[1:], shape=tree)
+
+
+def default_proposers(
+    tree: Tree | DynamicTree | Sequence[Sequence[int]] | None = None,
+    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
+    datastore: Datastore | bool | None = True,
+    datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
+) -> tuple[Proposer, ...]:
+    """The lookups (:func:`default_lookups`), then the heads on ``tree`` (None: ``model.tree``), sized around them."""
+    return (default_lookups(lookup_tokens, datastore, datastore_tokens), MedusaHeadsProposer(tree))
+
+
+def propose_draft(proposers: Sequence[Proposer], budgets: Sequence[int], step: StepContext) -> DraftTree:
+    """This step's draft: each proposer in turn adds its checked candidates to what the earlier ones proposed."""
+    draft = step.draft
+    for proposer, budget in zip(proposers, budgets):
+        context = replace(step, draft=draft, max_nodes=budget)
+        draft = add_candidates(draft, proposer.propose(context), context, proposer.name)
+    return draft
+
+
+def lookup_chain(
+    history: torch.Tensor, lookup_tokens: int, datastore: Datastore | None, datastore_tokens: int
+) -> tuple[torch.Tensor, bool]:
+    """(the default lookups' guesses after ``history``, whether they came from the datastore)."""
+    for member in default_lookups(lookup_tokens, datastore or None, datastore_tokens).members:
+        chain = member.chain(history, max(lookup_tokens, datastore_tokens))
+        if chain.numel():
+            return chain, member.name == DATASTORE_SOURCE
+    return history[:0], False
