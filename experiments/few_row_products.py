@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
-from medusa_lite import kernels
 from medusa_lite.artifacts.default_model import ensure_default_model
 from medusa_lite.bench.measure import machine_info, timed
+from medusa_lite.cpu import kernels
 from medusa_lite.cpu.prepack import onednn_available, onednn_linear
 
 ROW_COUNTS = (1, 2, 4, 8, 14, 20)

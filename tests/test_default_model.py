@@ -9,7 +9,8 @@ import torch
 from tiny_tokenizer import make_tiny_tokenizer
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from medusa_lite import default_model, paths
+from medusa_lite import paths
+from medusa_lite.artifacts import default_model
 from medusa_lite.artifacts.loading import load_target
 
 CHAT_PROMPT = "What is the capital of France?"

@@ -6,7 +6,8 @@ import pytest
 import torch
 from tiny_models import plain_greedy, tiny_base_model
 
-from medusa_lite import DynamicTree, Tree, TreeError, generate, load, prepack
+from medusa_lite import DynamicTree, Tree, TreeError, generate, load
+from medusa_lite.cpu import prepack
 from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.drafters.sequential.proposer import SequentialDrafterProposer
 
