@@ -32,7 +32,8 @@ from torch import nn
 
 from common import BENCHMARKS, HEADS_CONFIG, OUTPUTS, REPO_ROOT
 from medusa_lite.artifacts.loading import load
-from medusa_lite.drafters.medusa.heads import DraftLMHead, ResBlock
+from medusa_lite.drafters.draft_vocab import DraftLMHead
+from medusa_lite.drafters.medusa.heads import ResBlock
 from medusa_lite.training.config import load_config
 from medusa_lite.training.data import load_training_data
 from medusa_lite.training.losses import IGNORE, HeadStats, head_loss, head_targets, to_draft_targets

@@ -42,8 +42,10 @@ from torch import nn
 from drafter_multilayer import side_by_side_inputs, train_steps
 from drafter_vs_heads_short import accuracy, batch_of, evaluate_drafter
 from medusa_lite.bench.measure import machine_info
+from medusa_lite.drafters.draft_vocab import draft_rows
 from medusa_lite.drafters.hydra.heads import HydraConfig, HydraHeads
-from medusa_lite.drafters.medusa.heads import MedusaConfig, MedusaHeads, draft_rows
+from medusa_lite.drafters.medusa.config import MedusaConfig
+from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.training.drafter_objective import DrafterObjective
 from medusa_lite.training.losses import IGNORE, head_loss, head_targets, to_draft_targets

@@ -4,7 +4,8 @@ from medusa_lite.artifacts.loading import load
 from medusa_lite.decoding.generate import GenerationOutput, GenerationStats, generate
 from medusa_lite.decoding.model import MedusaModel
 from medusa_lite.decoding.sampling import SamplingSettings, logits_to_probs
-from medusa_lite.drafters.medusa.heads import MedusaConfig, MedusaHeads
+from medusa_lite.drafters.medusa.config import MedusaConfig
+from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.errors import (
     AdapterError,
     ArtifactNotFoundError,

@@ -19,8 +19,9 @@ from tiny_models import OracleMedusaModel, plain_greedy, random_heads, tiny_base
 from training_fixtures import REPO_ROOT, tiny_argv
 
 from medusa_lite import DraftVocabError, HeadsFileError, MedusaConfig, MedusaHeads, MedusaModel, TreeError, generate
+from medusa_lite.artifacts.base import DRAFT_IDS_NAME
 from medusa_lite.commands import train as train_heads
-from medusa_lite.drafters.medusa.heads import DRAFT_IDS_NAME, DraftLMHead
+from medusa_lite.drafters.draft_vocab import DraftLMHead
 from medusa_lite.training.config import config_from_dict, load_config
 from medusa_lite.training.data import Sample
 from medusa_lite.training.draft_vocab import choose_draft_vocab, coverage, most_frequent_tokens, response_token_counts

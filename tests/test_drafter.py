@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from medusa_lite.artifacts.base import config_kind
 from medusa_lite.drafters.growth import (
     DrafterCache,
     commit_pairs,
@@ -16,7 +17,7 @@ from medusa_lite.drafters.growth import (
     ranked_nodes,
     tree_of_candidates,
 )
-from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, DrafterConfig, SequentialDrafter, config_kind
+from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, DrafterConfig, SequentialDrafter
 from medusa_lite.errors import HeadsFileError
 from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_features
 from medusa_lite.training.objective import LossSettings

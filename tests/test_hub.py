@@ -25,10 +25,10 @@ from artifact_fixtures import adapted_reference, plain_target, save_medusa2_arti
 from hub_server import DEFAULT_USER, HubServer
 
 from medusa_lite import Datastore, DatastoreError, HeadsFileError, MedusaConfig, MedusaHeads
-from medusa_lite.artifacts.card import model_card
 from medusa_lite.artifacts.files import ADAPTER_FILES
 from medusa_lite.artifacts.hub import push_heads_to_hub
 from medusa_lite.artifacts.loading import write_tree_file
+from medusa_lite.drafters.medusa.card import model_card
 from medusa_lite.errors import AdapterError
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME
 from medusa_lite.trees.tree import Tree

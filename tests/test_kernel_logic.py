@@ -24,7 +24,7 @@ import medusa_lite.cpu.prepack as prepack
 import medusa_lite.drafters.medusa.heads
 from medusa_lite import MedusaModel, generate
 from medusa_lite.artifacts.loading import load
-from medusa_lite.drafters.medusa.heads import DraftLMHead
+from medusa_lite.drafters.draft_vocab import DraftLMHead
 
 VARIANT_BLOCKING = kernel_constants()
 # Each variant's blocking, and one more that moves the block and row-group edges around the shapes.

@@ -38,7 +38,7 @@ from medusa_lite.cpu.prepack import (
     unpack_linears,
 )
 from medusa_lite.decoding.generate import DEFAULT_LOOKUP_TOKENS
-from medusa_lite.drafters.medusa.heads import DraftLMHead
+from medusa_lite.drafters.draft_vocab import DraftLMHead
 
 pytestmark = pytest.mark.skipif(
     default_backend() is None, reason="neither the row_gemm kernel nor oneDNN is available"

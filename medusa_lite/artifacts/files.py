@@ -26,8 +26,9 @@ from pathlib import Path
 
 from torch import nn
 
+from medusa_lite.artifacts.base import CONFIG_NAME, WEIGHTS_NAME
 from medusa_lite.artifacts.resolve import ArtifactSource
-from medusa_lite.drafters.medusa.heads import CONFIG_NAME, WEIGHTS_NAME, MedusaConfig
+from medusa_lite.drafters.medusa.config import MedusaConfig
 from medusa_lite.errors import AdapterError
 from medusa_lite.extras import require_extra
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME

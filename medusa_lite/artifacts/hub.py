@@ -21,12 +21,14 @@ from pathlib import Path
 
 from huggingface_hub import CommitOperationAdd, HfApi
 
-from medusa_lite.artifacts.card import model_card
+from medusa_lite.artifacts.base import CONFIG_NAME, WEIGHTS_NAME
 from medusa_lite.artifacts.files import ADAPTER_FILES, CARD_NAME, TREE_FILE_NAME, artifact_files, find_adapter
 from medusa_lite.artifacts.loading import read_artifact, read_tree_file
 from medusa_lite.artifacts.resolve import resolve_source
 from medusa_lite.drafters.hydra.heads import HydraHeads
-from medusa_lite.drafters.medusa.heads import CONFIG_NAME, HEADS_WHAT, WEIGHTS_NAME, MedusaHeads
+from medusa_lite.drafters.medusa.card import model_card
+from medusa_lite.drafters.medusa.config import HEADS_WHAT
+from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 from medusa_lite.errors import HeadsFileError
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from medusa_lite.artifacts.base import CONFIG_NAME, config_kind, heads_file
 from medusa_lite.artifacts.files import TREE_FILE_NAME, adapt_target
 from medusa_lite.artifacts.resolve import ArtifactSource, resolve_source
 from medusa_lite.cpu.prepack import (
@@ -47,10 +48,12 @@ from medusa_lite.cpu.prepack import (
 )
 from medusa_lite.decoding.attention import TREE_SDPA
 from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.drafters.draft_vocab import DraftLMHead
 from medusa_lite.drafters.hydra.heads import HYDRA_KIND, HydraHeads
 from medusa_lite.drafters.hydra.proposer import HydraProposer, check_hydra_fits, hydra_proposal
-from medusa_lite.drafters.medusa.heads import CONFIG_NAME, HEADS_WHAT, DraftLMHead, MedusaHeads, heads_file
-from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, SequentialDrafter, config_kind
+from medusa_lite.drafters.medusa.config import HEADS_WHAT
+from medusa_lite.drafters.medusa.heads import MedusaHeads
+from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, SequentialDrafter
 from medusa_lite.drafters.sequential.proposer import (
     DEFAULT_DRAFTER_NODES,
     DEFAULT_DRAFTER_TOPK,

@@ -17,7 +17,9 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from medusa_lite.decoding.attention import TREE_SDPA
-from medusa_lite.drafters.medusa.heads import DraftLMHead, MedusaConfig, MedusaHeads
+from medusa_lite.drafters.draft_vocab import DraftLMHead
+from medusa_lite.drafters.medusa.config import MedusaConfig
+from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.errors import (
     GenerationInputError,
     IncompatibleHeadsError,

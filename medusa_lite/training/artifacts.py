@@ -15,7 +15,8 @@ from pathlib import Path
 from medusa_lite.artifacts.files import adapt_target
 from medusa_lite.artifacts.resolve import resolve_source
 from medusa_lite.decoding.model import MedusaModel
-from medusa_lite.drafters.medusa.heads import HEADS_WHAT, MedusaHeads
+from medusa_lite.drafters.medusa.config import HEADS_WHAT
+from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.training.checks import HEADS_DIR
 from medusa_lite.training.errors import TrainingConfigError
 

@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 
 from medusa_lite.artifacts.files import ADAPTER_DIR
 from medusa_lite.drafters.hydra.heads import HydraConfig, HydraHeads
-from medusa_lite.drafters.medusa.heads import MedusaConfig, MedusaHeads
+from medusa_lite.drafters.medusa.config import MedusaConfig
+from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.extras import require_extra
 from medusa_lite.training import checkpoint as ckpt

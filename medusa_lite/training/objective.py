@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from medusa_lite.drafters.draft_vocab import draft_rows
 from medusa_lite.drafters.hydra.heads import HydraHeads
-from medusa_lite.drafters.medusa.heads import MedusaHeads, draft_rows
+from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 from medusa_lite.training.losses import chunked_kl, gather_rows, head_loss, response_positions, to_draft_targets
 

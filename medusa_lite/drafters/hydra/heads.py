@@ -29,20 +29,14 @@ import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from torch import nn
 
-from medusa_lite.artifacts.card import LIBRARY_NAME, PROJECT_URL
-from medusa_lite.drafters.medusa.heads import (
-    CONFIG_NAME,
+from medusa_lite.artifacts.base import (
     DRAFT_IDS_NAME,
-    WEIGHTS_NAME,
-    ResBlock,
     StrictArtifact,
-    draft_ids_problem,
-    guess_logits,
-    heads_file,
-    read_weights,
 )
-from medusa_lite.drafters.sequential.drafter import read_config_values
-from medusa_lite.errors import DraftVocabError, HeadsFileError
+from medusa_lite.artifacts.card import LIBRARY_NAME, PROJECT_URL
+from medusa_lite.drafters.draft_vocab import guess_logits
+from medusa_lite.drafters.medusa.heads import ResBlock
+from medusa_lite.errors import HeadsFileError
 
 # The ``kind`` a Hydra-style artifact's config.json records.
 HYDRA_KIND = "hydra-heads"
@@ -119,6 +113,7 @@ class HydraHeads(
     """K heads; head k reads [h; E(path of k tokens)] (see the module docstring). Decoding state lives outside."""
 
     artifact_what: ClassVar[str] = HYDRA_WHAT
+    config_class: ClassVar[type] = HydraConfig
 
     def __init__(self, config: HydraConfig):
         super().__init__()
@@ -147,23 +142,6 @@ class HydraHeads(
         """Heads' outputs [..., H] -> logits [..., G] (G: the draft vocabulary's size, else V)."""
         return guess_logits(head_hidden, base_lm_head, self.draft_token_ids, HYDRA_WHAT)
 
-    def set_draft_vocab(self, token_ids: torch.Tensor | list[int]) -> None:
-        """Set the D token ids the heads guess among (D = ``config.draft_vocab_size``)."""
-        if self.draft_token_ids is None:
-            raise DraftVocabError("these Hydra-style heads have no draft vocabulary (config.draft_vocab_size is None)")
-        token_ids = torch.as_tensor(token_ids)
-        problem = draft_ids_problem(token_ids, self.config.vocab_size)
-        if problem is None and token_ids.numel() != self.config.draft_vocab_size:
-            problem = f"holds {token_ids.numel()} ids but config.draft_vocab_size is {self.config.draft_vocab_size}"
-        if problem is not None:
-            raise DraftVocabError(f"draft vocabulary {problem}")
-        with torch.no_grad():
-            self.draft_token_ids.copy_(token_ids.to(self.draft_token_ids.device))
-
-    def guess_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Indices into these heads' logits -> full-vocabulary token ids."""
-        return indices if self.draft_token_ids is None else self.draft_token_ids[indices]
-
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
         summary = self.config.training_summary
         lines = [
@@ -184,17 +162,3 @@ class HydraHeads(
             if key in summary:
                 lines.append(f"- {key}: {summary[key]}")
         return ModelCard("\n".join(lines) + "\n")
-
-    @classmethod
-    def from_source(cls, source, *, map_location: str | torch.device = "cpu") -> HydraHeads:
-        """Load Hydra-style heads from a resolved :class:`~medusa_lite.artifacts.resolve.ArtifactSource` (strictly)."""
-        path = heads_file(source, CONFIG_NAME)
-        try:
-            config = HydraConfig.from_dict(read_config_values(path))
-        except HeadsFileError:
-            raise
-        except (TypeError, ValueError) as error:
-            raise HeadsFileError(f"{path}: invalid Hydra-style heads config: {error}") from error
-        heads = cls(config)
-        heads.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
-        return heads

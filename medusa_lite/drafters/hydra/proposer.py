@@ -20,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from medusa_lite.decoding.model import TargetOutput
+from medusa_lite.drafters.draft_vocab import DraftLMHead
 from medusa_lite.drafters.growth import (
     candidate_count_limit,
     grow_by_confidence,
@@ -28,7 +29,6 @@ from medusa_lite.drafters.growth import (
     ranked_nodes,
 )
 from medusa_lite.drafters.hydra.heads import HydraHeads
-from medusa_lite.drafters.medusa.heads import DraftLMHead
 from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
 from medusa_lite.proposers.base import Candidates, Proposer, StepContext, StepLimits
 from medusa_lite.trees.costs import Proposal

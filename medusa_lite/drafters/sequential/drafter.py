@@ -38,9 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -48,17 +46,12 @@ import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from medusa_lite.drafters.medusa.heads import (
-    CONFIG_NAME,
+from medusa_lite.artifacts.base import (
     DRAFT_IDS_NAME,
-    WEIGHTS_NAME,
     StrictArtifact,
-    draft_ids_problem,
-    guess_logits,
-    heads_file,
-    read_weights,
 )
-from medusa_lite.errors import DraftVocabError, HeadsFileError
+from medusa_lite.drafters.draft_vocab import guess_logits
+from medusa_lite.errors import HeadsFileError
 
 # The ``kind`` a drafter's config.json records (Medusa heads' configs have no ``kind``).
 DRAFTER_KIND = "sequential-drafter"
@@ -221,6 +214,7 @@ class SequentialDrafter(
     """The drafter's weights (see the module docstring); decoding state lives outside it."""
 
     artifact_what: ClassVar[str] = DRAFTER_WHAT
+    config_class: ClassVar[type] = DrafterConfig
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
@@ -309,23 +303,6 @@ class SequentialDrafter(
         """
         return guess_logits(self.output_norm(features), base_lm_head, self.draft_token_ids, DRAFTER_WHAT)
 
-    def set_draft_vocab(self, token_ids: torch.Tensor | list[int]) -> None:
-        """Set the D token ids the drafter guesses among (D = ``config.draft_vocab_size``)."""
-        if self.draft_token_ids is None:
-            raise DraftVocabError("this drafter has no draft vocabulary (config.draft_vocab_size is None)")
-        token_ids = torch.as_tensor(token_ids)
-        problem = draft_ids_problem(token_ids, self.config.vocab_size)
-        if problem is None and token_ids.numel() != self.config.draft_vocab_size:
-            problem = f"holds {token_ids.numel()} ids but config.draft_vocab_size is {self.config.draft_vocab_size}"
-        if problem is not None:
-            raise DraftVocabError(f"draft vocabulary {problem}")
-        with torch.no_grad():
-            self.draft_token_ids.copy_(token_ids.to(self.draft_token_ids.device))
-
-    def guess_ids(self, indices: torch.Tensor) -> torch.Tensor:
-        """Indices into this drafter's logits -> full-vocabulary token ids."""
-        return indices if self.draft_token_ids is None else self.draft_token_ids[indices]
-
     def generate_model_card(self, *args, **kwargs):
         from huggingface_hub import ModelCard
 
@@ -348,38 +325,6 @@ class SequentialDrafter(
             if key in summary:
                 lines.append(f"- {key}: {summary[key]}")
         return ModelCard("\n".join(lines) + "\n")
-
-    # -- loading (from_pretrained, strict load_state_dict: StrictArtifact) -------------------
-    @classmethod
-    def from_source(cls, source, *, map_location: str | torch.device = "cpu") -> SequentialDrafter:
-        """Load a drafter from a resolved :class:`~medusa_lite.artifacts.resolve.ArtifactSource` (strictly)."""
-        drafter = cls(read_drafter_config(heads_file(source, CONFIG_NAME)))
-        drafter.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
-        return drafter
-
-
-def read_config_values(path: Path) -> dict:
-    try:
-        values = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise HeadsFileError(f"{path} is not valid JSON ({error}); the folder is corrupt") from error
-    if not isinstance(values, dict):
-        raise HeadsFileError(f"{path} must hold a JSON object, got {type(values).__name__}")
-    return values
-
-
-def read_drafter_config(path: Path) -> DrafterConfig:
-    try:
-        return DrafterConfig.from_dict(read_config_values(path))
-    except HeadsFileError:
-        raise
-    except (TypeError, ValueError) as error:
-        raise HeadsFileError(f"{path}: invalid drafter config: {error}") from error
-
-
-def config_kind(path: Path) -> str | None:
-    """The ``kind`` a config.json records: :data:`DRAFTER_KIND` for a drafter, None for Medusa heads."""
-    return read_config_values(path).get("kind")
 
 
 # -- attention -----------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import ClassVar
 import torch
 
 from medusa_lite.decoding.model import TargetOutput, hidden_state_count
+from medusa_lite.drafters.draft_vocab import DraftLMHead
 from medusa_lite.drafters.growth import (
     DrafterCache,
     RootDraft,
@@ -31,7 +32,6 @@ from medusa_lite.drafters.growth import (
     proposal_by_cost,
     ranked_nodes,
 )
-from medusa_lite.drafters.medusa.heads import DraftLMHead
 from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
 from medusa_lite.proposers.base import Candidates, Proposer, StepContext, StepLimits, TargetStates
