@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM
 
 import medusa_lite.cpu.kernels as kernels
 import medusa_lite.cpu.prepack as prepack
-import medusa_lite.drafters.medusa.heads
+import medusa_lite.drafters.draft_vocab
 from medusa_lite import MedusaModel, generate
 from medusa_lite.artifacts.loading import load
 from medusa_lite.drafters.draft_vocab import DraftLMHead
@@ -118,7 +118,7 @@ def reference_kernel(monkeypatch) -> list[int]:
 
     monkeypatch.setattr(prepack, "pack_for_row_gemm", pack)
     monkeypatch.setattr(prepack, "row_gemm", multiply)
-    monkeypatch.setattr(medusa_lite.drafters.medusa.heads, "pack_for_row_gemm", pack)
+    monkeypatch.setattr(medusa_lite.drafters.draft_vocab, "pack_for_row_gemm", pack)
     monkeypatch.setattr(prepack, "row_gemm_available", lambda: True)
     monkeypatch.setattr(prepack, "row_gemm_unavailable_reason", lambda: None)
     return calls
