@@ -319,8 +319,7 @@ class MedusaModel(nn.Module):
                 f"{self.guess_vocab_size} tokens ({among})"
             )
         ranked = logits.topk(k, dim=-1)
-        ids = self.heads.draft_token_ids
-        return (ranked.indices if ids is None else ids[ranked.indices]), ranked.values
+        return self.heads.guess_ids(ranked.indices), ranked.values
 
     def forward(self, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Base logits [B, T, V] and head logits [B, T, K, G] from one forward (G: see :meth:`head_logits`).

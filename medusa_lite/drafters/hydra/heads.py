@@ -29,10 +29,7 @@ import torch
 from huggingface_hub import ModelCard, PyTorchModelHubMixin
 from torch import nn
 
-from medusa_lite.artifacts.base import (
-    DRAFT_IDS_NAME,
-    StrictArtifact,
-)
+from medusa_lite.artifacts.base import DRAFT_IDS_NAME, StrictArtifact
 from medusa_lite.artifacts.card import LIBRARY_NAME, PROJECT_URL
 from medusa_lite.drafters.draft_vocab import guess_logits
 from medusa_lite.drafters.medusa.heads import ResBlock

@@ -46,10 +46,7 @@ import torch.nn.functional as F
 from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from medusa_lite.artifacts.base import (
-    DRAFT_IDS_NAME,
-    StrictArtifact,
-)
+from medusa_lite.artifacts.base import DRAFT_IDS_NAME, StrictArtifact
 from medusa_lite.drafters.draft_vocab import guess_logits
 from medusa_lite.errors import HeadsFileError
 
