@@ -36,7 +36,7 @@ from medusa_lite.decoding.generate import (
     tree_tokens,
 )
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
-from medusa_lite.proposers.lookup import draft_tree, graft_chain
+from medusa_lite.trees.draft import draft_tree, graft_chain
 from medusa_lite.trees.dynamic_tree import DynamicTree, chain_ranks
 from medusa_lite.trees.tree import Tree
 

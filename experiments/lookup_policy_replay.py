@@ -36,7 +36,8 @@ from medusa_lite.cpu.prepack import prepack_linears
 from medusa_lite.decoding.cache import reserved_cache
 from medusa_lite.decoding.generate import DEFAULT_LOOKUP_TOKENS, accepted_path, generate, lookup_chain, tree_tokens
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
-from medusa_lite.proposers.lookup import copy_after_match, draft_tree, graft_chain, latest_match
+from medusa_lite.proposers.lookup import copy_after_match, latest_match
+from medusa_lite.trees.draft import draft_tree, graft_chain
 from medusa_lite.trees.tree import Tree
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "lookup_policy"

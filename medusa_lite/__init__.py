@@ -6,6 +6,7 @@ from medusa_lite.decoding.model import MedusaModel
 from medusa_lite.decoding.sampling import SamplingSettings, logits_to_probs
 from medusa_lite.drafters.medusa.config import MedusaConfig
 from medusa_lite.drafters.medusa.heads import MedusaHeads
+from medusa_lite.drafters.medusa.proposer import MedusaHeadsProposer
 from medusa_lite.errors import (
     AdapterError,
     ArtifactNotFoundError,
@@ -20,10 +21,7 @@ from medusa_lite.errors import (
 )
 from medusa_lite.proposers.base import (
     Candidates,
-    DatastoreLookup,
     FirstOf,
-    MedusaHeadsProposer,
-    PromptLookup,
     Proposer,
     ProposerError,
     SideRows,
@@ -35,6 +33,7 @@ from medusa_lite.proposers.base import (
 from medusa_lite.proposers.datastore import Datastore, DatastoreError
 from medusa_lite.proposers.draft_model import DraftModelError, DraftModelProposer
 from medusa_lite.proposers.lookahead import LookaheadProposer
+from medusa_lite.proposers.lookup import DatastoreLookup, PromptLookup
 from medusa_lite.trees.dynamic_tree import DynamicTree
 from medusa_lite.trees.tree import Tree, best_tree, default_tree
 

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM
 
 import medusa_lite.decoding.acceptance
 from medusa_lite import DraftModelError, DraftModelProposer, MedusaModel, SamplingSettings, generate
+from medusa_lite.drafters.medusa.proposer import default_proposers
 
 
 def truncated(base, num_layers: int = 1):
@@ -168,7 +169,7 @@ def test_draft_model_with_heads_and_lookups_together_is_exact():
     draft = tiny_base_model("qwen2", vocab_size=16, seed=9, logit_scale=3.0, num_hidden_layers=1)
     model = MedusaModel(base, random_heads(base, 2, seed=4))
     prompt = torch.tensor([[1, 2, 3, 1, 2, 3]])
-    out = generate(model, prompt, 30, proposers=[*model.proposers, DraftModelProposer(draft)])
+    out = generate(model, prompt, 30, proposers=[*default_proposers(), DraftModelProposer(draft)])
     assert torch.equal(out.sequences, plain_greedy(base, prompt, 30))
 
 

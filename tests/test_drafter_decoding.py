@@ -25,7 +25,7 @@ from medusa_lite.drafters.growth import DrafterCache, commit_pairs
 from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.drafters.sequential.proposer import SequentialDrafterProposer
 from medusa_lite.errors import IncompatibleHeadsError
-from medusa_lite.proposers.base import default_lookups
+from medusa_lite.proposers.lookup import default_lookups
 
 # Tiny targets have 2 layers, so 3 hidden states: all three, as EAGLE-3 reads a low, a middle and a high one.
 THREE_LAYERS = [0, 1, 2]

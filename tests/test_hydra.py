@@ -24,7 +24,7 @@ from medusa_lite import DynamicTree, MedusaModel, SamplingSettings, generate, lo
 from medusa_lite.drafters.hydra.heads import HYDRA_KIND, HydraConfig, HydraHeads
 from medusa_lite.drafters.hydra.proposer import HydraProposer
 from medusa_lite.errors import GenerationInputError, HeadsFileError, IncompatibleHeadsError
-from medusa_lite.proposers.base import default_lookups
+from medusa_lite.proposers.lookup import default_lookups
 
 POLICY = DynamicTree(7, tuple(1.0 + 0.1 * rows for rows in range(12)), tokens_per_cost=1.0)
 

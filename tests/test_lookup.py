@@ -6,7 +6,8 @@ from tiny_models import plain_greedy, random_heads, tiny_base_model
 
 from medusa_lite import MedusaModel, Tree, generate
 from medusa_lite.errors import GenerationInputError
-from medusa_lite.proposers.lookup import draft_tree, graft_chain, latest_match, prompt_lookup
+from medusa_lite.proposers.lookup import latest_match, prompt_lookup
+from medusa_lite.trees.draft import draft_tree, graft_chain
 
 FAMILIES = ("llama", "qwen2", "mistral")
 MAX_NEW_TOKENS = 40

@@ -53,6 +53,7 @@ from medusa_lite.drafters.hydra.heads import HYDRA_KIND, HydraHeads
 from medusa_lite.drafters.hydra.proposer import HydraProposer, check_hydra_fits, hydra_proposal
 from medusa_lite.drafters.medusa.config import HEADS_WHAT
 from medusa_lite.drafters.medusa.heads import MedusaHeads
+from medusa_lite.drafters.medusa.proposer import default_proposers
 from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, SequentialDrafter
 from medusa_lite.drafters.sequential.proposer import (
     DEFAULT_DRAFTER_NODES,
@@ -62,8 +63,9 @@ from medusa_lite.drafters.sequential.proposer import (
     drafter_proposal,
 )
 from medusa_lite.errors import HeadsFileError, MedusaError, TreeError
-from medusa_lite.proposers.base import Proposer, StepLimits, default_lookups, step_rows
+from medusa_lite.proposers.base import Proposer, StepLimits, as_proposers, step_rows
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
+from medusa_lite.proposers.lookup import default_lookups
 from medusa_lite.trees.costs import Proposal, step_costs
 from medusa_lite.trees.dynamic_tree import DEFAULT_TOKENS_PER_COST, UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.trees.tree import Tree, as_tree
@@ -381,6 +383,7 @@ def load(
     base, tokenizer = load_target(model, dtype, device)
     base = adapt_target(base, source, heads_module.config)
     store = resolve_datastore(datastore, source, heads_module.config.vocab_size)
+    proposers = default_proposers() if proposers is None else as_proposers(proposers)
     medusa = MedusaModel(
         base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store, proposers=proposers
     ).eval()
@@ -426,7 +429,9 @@ def load_with_drafter(
     policy = tree if tree is not None else DynamicTree(1 + DEFAULT_DRAFTER_NODES, UNMEASURED_ROW_COSTS)
     base, tokenizer = load_target(model, dtype, device)
     store = resolve_datastore(datastore, source, drafter.config.vocab_size)
-    medusa = MedusaModel(base, None, datastore=store, proposers=proposers if proposers is not None else ()).eval()
+    medusa = MedusaModel(
+        base, None, datastore=store, proposers=() if proposers is None else as_proposers(proposers)
+    ).eval()
     kind = DRAFTING_KINDS[type(drafter)]
     if proposers is None:
         medusa.proposers = (default_lookups(), kind.proposer(drafter, max_new_nodes=policy.max_nodes - 1))

@@ -87,9 +87,10 @@ from medusa_lite.drafters.sequential.proposer import DEFAULT_DRAFTER_NODES
 from medusa_lite.dtypes import DTYPE_CHOICES, parse_dtype
 from medusa_lite.errors import MedusaError
 from medusa_lite.extras import require_extra
-from medusa_lite.proposers.base import Proposer, default_lookups, step_rows
+from medusa_lite.proposers.base import Proposer, step_rows
 from medusa_lite.proposers.draft_model import DraftModelProposer, load_draft_model
 from medusa_lite.proposers.lookahead import LookaheadProposer
+from medusa_lite.proposers.lookup import default_lookups
 from medusa_lite.trees.dynamic_tree import UNMEASURED_ROW_COSTS, DynamicTree
 from medusa_lite.trees.tree import Tree
 

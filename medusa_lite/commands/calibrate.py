@@ -56,10 +56,11 @@ from medusa_lite.bench.measure import chat_input_ids, machine_info, plain_genera
 from medusa_lite.commands.options import set_threads
 from medusa_lite.cpu.prepack import default_backend, prepack_linears, prepack_supported
 from medusa_lite.decoding.cache import reserved_cache
-from medusa_lite.decoding.generate import accepted_path, propose
+from medusa_lite.decoding.generate import accepted_path
 from medusa_lite.decoding.model import MedusaModel
 from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
 from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree
+from medusa_lite.drafters.medusa.proposer import heads_draft
 from medusa_lite.dtypes import DTYPE_CHOICES, dtype_name, parse_dtype
 from medusa_lite.errors import MedusaError
 from medusa_lite.trees.dynamic_tree import (
@@ -101,7 +102,7 @@ def timed_step(
     """(verify seconds, whole-step seconds) of one decoding step; the cache is put back as it was."""
     prefix_len = cache.get_seq_length()
     start = time.perf_counter()
-    draft = propose(model, hidden, root, tree)
+    draft = heads_draft(model, hidden, root, tree)
     verify_start = time.perf_counter()
     verified = verify_tree(model, cache, draft, draft.tokens)
     verify_end = time.perf_counter()

@@ -33,31 +33,36 @@ from medusa_lite.decoding.inputs import (
     context_limit,
     eos_ids,
 )
-from medusa_lite.decoding.model import MedusaModel, TargetOutput, as_proposers, check_tree_attention_supported
+from medusa_lite.decoding.model import MedusaModel, TargetOutput, check_tree_attention_supported
 from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
 from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
+from medusa_lite.drafters.medusa.proposer import (
+    MedusaHeadsProposer,
+    default_proposers,
+    heads_draft,
+    model_proposers,
+    tree_tokens,
+)
 from medusa_lite.errors import GenerationInputError
 from medusa_lite.proposers.base import (
-    DEFAULT_DATASTORE_TOKENS,
-    DEFAULT_LOOKUP_TOKENS,
-    TRUSTED_MATCH_TOKENS,
-    MedusaHeadsProposer,
     Proposer,
     SideRows,
     StepContext,
     StepLimits,
     StepOutcome,
     TargetStates,
-    default_proposers,
-    dynamic_step_tree,
-    head_guesses,
-    lookup_chain,
+    as_proposers,
     propose_draft,
     row_budgets,
-    tree_tokens,
 )
 from medusa_lite.proposers.datastore import Datastore
-from medusa_lite.trees.draft import DATASTORE_SOURCE, LOOKUP_SOURCES, DraftTree, draft_tree, graft_chain, root_draft
+from medusa_lite.proposers.lookup import (
+    DEFAULT_DATASTORE_TOKENS,
+    DEFAULT_LOOKUP_TOKENS,
+    TRUSTED_MATCH_TOKENS,
+    lookup_chain,
+)
+from medusa_lite.trees.draft import DATASTORE_SOURCE, LOOKUP_SOURCES, DraftTree, root_draft
 from medusa_lite.trees.dynamic_tree import DynamicTree, SpeculationGate
 from medusa_lite.trees.tree import Tree
 
@@ -70,10 +75,9 @@ __all__ = [  # the loop, and names other modules and scripts import from here
     "accepted_path",
     "generate",
     "lookup_chain",
-    "propose",
+    "heads_draft",
     "tree_tokens",
 ]
-NO_CHAIN = torch.zeros(0, dtype=torch.long)
 
 
 @dataclass
@@ -147,24 +151,6 @@ class GenerationOutput:
     stats: GenerationStats
 
 
-# -- propose (the pieces scripts in infer/ and benchmarks/ call) ------------------------------
-def propose(
-    model: MedusaModel,
-    hidden: torch.Tensor,
-    root_token: torch.Tensor,
-    tree: Tree | DynamicTree,
-    lookup_chain: torch.Tensor | None = None,
-) -> DraftTree:
-    """The heads' guesses on ``tree`` (or the tree a dynamic policy picks), plus a lookup chain grafted on."""
-    chain = lookup_chain if lookup_chain is not None else NO_CHAIN
-    if isinstance(tree, DynamicTree):
-        tree, tokens = dynamic_step_tree(model, hidden, root_token, tree, chain)
-    else:
-        tokens = head_guesses(model, hidden, root_token, tree)
-    draft = draft_tree(tree, tokens)
-    return graft_chain(draft, chain) if chain.numel() else draft
-
-
 # -- choosing the proposers --------------------------------------------------------------------
 def resolve_proposers(
     model: MedusaModel, proposers, tree, lookup_tokens, datastore, datastore_tokens
@@ -180,7 +166,7 @@ def resolve_proposers(
             )
         return as_proposers(proposers)
     if not given:
-        return tuple(model.proposers)
+        return model_proposers(model)
     lookup_tokens = check_lookup_tokens(DEFAULT_LOOKUP_TOKENS if lookup_tokens is None else lookup_tokens)
     datastore_tokens = DEFAULT_DATASTORE_TOKENS if datastore_tokens is None else datastore_tokens
     datastore_tokens = check_lookup_tokens(datastore_tokens, "datastore_tokens")

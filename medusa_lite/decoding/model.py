@@ -21,13 +21,11 @@ from medusa_lite.drafters.draft_vocab import DraftLMHead
 from medusa_lite.drafters.medusa.config import MedusaConfig
 from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.errors import (
-    GenerationInputError,
     IncompatibleHeadsError,
     MedusaError,
     TreeError,
     UnsupportedModelError,
 )
-from medusa_lite.proposers.base import Proposer, default_proposers
 from medusa_lite.proposers.datastore import Datastore
 from medusa_lite.trees.dynamic_tree import DynamicTree
 from medusa_lite.trees.tree import Tree, as_tree
@@ -125,17 +123,6 @@ def check_tree_attention_supported(base_model: PreTrainedModel) -> None:
         )
 
 
-def as_proposers(proposers) -> tuple[Proposer, ...]:
-    """A proposer or a sequence of them as a tuple; a clear error for anything else."""
-    proposers = (proposers,) if isinstance(proposers, Proposer) else tuple(proposers)
-    for proposer in proposers:
-        if not isinstance(proposer, Proposer):
-            raise GenerationInputError(
-                f"proposers must be medusa_lite.Proposer instances, got {type(proposer).__name__}"
-            )
-    return proposers
-
-
 class MedusaModel(nn.Module):
     """A frozen causal LM plus K Medusa heads reading its last hidden state (or no heads: ``heads=None``).
 
@@ -175,7 +162,7 @@ class MedusaModel(nn.Module):
         if datastore is not None:
             datastore.check_fits(self.vocab_size)
         self.datastore: Datastore | None = datastore
-        self.proposers = default_proposers() if proposers is None else as_proposers(proposers)
+        self.proposers = proposers  # what generate uses when given none (None: the default set); checked there
         if freeze_base:
             base_model.requires_grad_(False)
         parameter = base_model.get_output_embeddings().weight

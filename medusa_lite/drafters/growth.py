@@ -33,7 +33,7 @@ from torch import nn
 from medusa_lite.drafters.sequential.drafter import SequentialDrafter, masked_attention
 from medusa_lite.proposers import base as proposers
 from medusa_lite.proposers.base import StepContext
-from medusa_lite.proposers.lookup import DraftTree
+from medusa_lite.trees.draft import DraftTree
 from medusa_lite.trees.dynamic_tree import DynamicTree
 
 

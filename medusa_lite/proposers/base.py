@@ -20,7 +20,6 @@ runs for one generation (the same object when it keeps no state).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
@@ -29,31 +28,13 @@ import torch
 
 from medusa_lite.decoding.sampling import SamplingSettings
 from medusa_lite.errors import GenerationInputError, MedusaError
-from medusa_lite.proposers.datastore import Datastore, datastore_continuation
-from medusa_lite.proposers.lookup import LOOKUP_MAX_NGRAM, LOOKUP_TOKENS_PER_MATCHED_TOKEN, prompt_lookup
-from medusa_lite.trees.draft import (
-    DATASTORE_SOURCE,
-    HEADS_SOURCE,
-    PROMPT_LOOKUP_SOURCE,
-    DraftTree,
-    Draw,
-    draft_tree,
-    first_path,
-    graft,
-)
-from medusa_lite.trees.dynamic_tree import DynamicTree, chain_ranks
-from medusa_lite.trees.tree import Tree, as_tree, check_topk_fits
+from medusa_lite.trees.draft import DraftTree, Draw, draft_tree, graft
+from medusa_lite.trees.dynamic_tree import DynamicTree
+from medusa_lite.trees.tree import Tree
 
 if TYPE_CHECKING:
     from medusa_lite.decoding.model import MedusaModel
 
-# Most prompt-lookup guesses per step; a match of n tokens gets at most 2n of them
-# (LOOKUP_TOKENS_PER_MATCHED_TOKEN). Chosen by replay: benchmarks/lookup_policy/.
-DEFAULT_LOOKUP_TOKENS = 6
-# Most datastore guesses per step (medusa_lite.proposers.datastore). Replay: benchmarks/lookup_policy/.
-DEFAULT_DATASTORE_TOKENS = 4
-# A prompt-lookup match this long is preferred to the datastore (replay: benchmarks/lookup_policy/).
-TRUSTED_MATCH_TOKENS = 2
 # A drawn node's q must sum to 1 within this (float32 softmax rounding over a large vocabulary).
 PROBABILITY_SUM_TOLERANCE = 1e-3
 
@@ -344,7 +325,26 @@ def depth_cap(count: int, max_depth: int | None) -> int:
     return count if max_depth is None else max(min(count, max_depth), 0)
 
 
-# -- the proposers -----------------------------------------------------------------------------
+def propose_draft(proposers: Sequence[Proposer], budgets: Sequence[int], step: StepContext) -> DraftTree:
+    """This step's draft: each proposer in turn adds its checked candidates to what the earlier ones proposed."""
+    draft = step.draft
+    for proposer, budget in zip(proposers, budgets):
+        context = replace(step, draft=draft, max_nodes=budget)
+        draft = add_candidates(draft, proposer.propose(context), context, proposer.name)
+    return draft
+
+
+def as_proposers(proposers) -> tuple[Proposer, ...]:
+    """A proposer or a sequence of them as a tuple; a clear error for anything else."""
+    proposers = (proposers,) if isinstance(proposers, Proposer) else tuple(proposers)
+    for proposer in proposers:
+        if not isinstance(proposer, Proposer):
+            raise GenerationInputError(
+                f"proposers must be medusa_lite.Proposer instances, got {type(proposer).__name__}"
+            )
+    return proposers
+
+
 @dataclass(frozen=True)
 class FirstOf(Proposer):
     """The first of ``members`` (asked in order) that proposes anything; its nodes keep its name as source."""
@@ -381,232 +381,3 @@ class FirstOf(Proposer):
 def check_token_count(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise GenerationInputError(f"{name} must be an integer >= 0 (0 turns that lookup off), got {value!r}")
-
-
-@dataclass(frozen=True)
-class PromptLookup(Proposer):
-    """Prompt lookup (:mod:`medusa_lite.proposers.lookup`): what followed the latest earlier occurrence of the
-    text's last n-gram (n = ``max_ngram`` down to ``min_ngram``), at most ``max_tokens`` tokens and
-    ``tokens_per_matched_token`` per matched token (None: no such limit)."""
-
-    max_tokens: int = DEFAULT_LOOKUP_TOKENS
-    min_ngram: int = 1
-    max_ngram: int = LOOKUP_MAX_NGRAM
-    tokens_per_matched_token: int | None = LOOKUP_TOKENS_PER_MATCHED_TOKEN
-    name: ClassVar[str] = PROMPT_LOOKUP_SOURCE
-
-    def __post_init__(self) -> None:
-        check_token_count(self.max_tokens, "lookup_tokens")
-        if not (
-            isinstance(self.min_ngram, int)
-            and isinstance(self.max_ngram, int)
-            and 1 <= self.min_ngram <= self.max_ngram
-        ):
-            raise GenerationInputError(
-                f"prompt lookup needs 1 <= min_ngram <= max_ngram, got {self.min_ngram!r}, {self.max_ngram!r}"
-            )
-
-    def max_nodes(self, limits):
-        per_match = (
-            self.max_tokens
-            if self.tokens_per_matched_token is None
-            else self.tokens_per_matched_token * self.max_ngram
-        )
-        return depth_cap(min(self.max_tokens, per_match), limits.max_depth)
-
-    def chain(self, history: torch.Tensor, max_depth: int, model: MedusaModel | None = None) -> torch.Tensor:
-        """The guesses after ``history`` (empty when nothing matches)."""
-        return prompt_lookup(
-            history, min(self.max_tokens, max_depth), self.max_ngram, self.min_ngram, self.tokens_per_matched_token
-        )
-
-    def propose(self, step):
-        chain = self.chain(step.history, step.max_depth)
-        return Candidates.chain(chain) if chain.numel() else None
-
-
-@dataclass(frozen=True)
-class DatastoreLookup(Proposer):
-    """Datastore lookup (:mod:`medusa_lite.proposers.datastore`): at most ``max_tokens`` guesses voted by the
-    datastore's continuations of the text's last n-gram. ``datastore``: True = ``model.datastore``
-    (none: proposes nothing), a :class:`Datastore`, or None/False."""
-
-    datastore: Datastore | bool | None = True
-    max_tokens: int = DEFAULT_DATASTORE_TOKENS
-    name: ClassVar[str] = DATASTORE_SOURCE
-
-    def __post_init__(self) -> None:
-        check_token_count(self.max_tokens, "datastore_tokens")
-        if not (self.datastore is None or isinstance(self.datastore, (bool, Datastore))):
-            raise GenerationInputError(
-                "datastore must be a medusa_lite.Datastore, True (the model's), False or None, "
-                f"got {type(self.datastore).__name__}"
-            )
-
-    def store(self, model: MedusaModel | None) -> Datastore | None:
-        return (model.datastore if model is not None else None) if self.datastore is True else self.datastore or None
-
-    def begin(self, model, prompt, limits):
-        store = self.store(model)
-        if store is not None:
-            store.check_fits(model.vocab_size)
-        return DatastoreLookup(store, self.max_tokens)
-
-    def max_nodes(self, limits):
-        return depth_cap(self.max_tokens, limits.max_depth) if self.store(limits.model) is not None else 0
-
-    def chain(self, history: torch.Tensor, max_depth: int, model: MedusaModel | None = None) -> torch.Tensor:
-        """The guesses after ``history`` (empty when nothing matches or there is no datastore)."""
-        store = self.store(model)
-        return (
-            history[:0] if store is None else datastore_continuation(store, history, min(self.max_tokens, max_depth))
-        )
-
-    def propose(self, step):
-        chain = self.chain(step.history, step.max_depth, step.model)
-        return Candidates.chain(chain) if chain.numel() else None
-
-
-def default_lookups(
-    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
-    datastore: Datastore | bool | None = True,
-    datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
-) -> FirstOf:
-    """Prompt lookup with a match of ``TRUSTED_MATCH_TOKENS`` or more, else the datastore, else a 1-token match."""
-    return FirstOf(
-        (
-            PromptLookup(lookup_tokens, min_ngram=TRUSTED_MATCH_TOKENS),
-            DatastoreLookup(datastore, datastore_tokens),
-            PromptLookup(lookup_tokens, min_ngram=1, max_ngram=TRUSTED_MATCH_TOKENS - 1),
-        )
-    )
-
-
-def tree_tokens(tree: Tree, root_token: torch.Tensor, guesses: torch.Tensor) -> torch.Tensor:
-    """Tree tokens [N]: the root, then at a node of depth d and rank r ``guesses[d - 1, r]`` (head d's r-th best)."""
-    depths, ranks = tree.node_depths[1:].to(guesses.device), tree.node_ranks[1:].to(guesses.device)
-    return torch.cat([root_token.view(1), guesses[depths - 1, ranks]])
-
-
-def head_guesses(model: MedusaModel, hidden: torch.Tensor, root_token: torch.Tensor, tree: Tree) -> torch.Tensor:
-    """Tree tokens [N]: the root, then at each node of depth d head d's guess of that node's rank."""
-    if tree.depth == 0:
-        return root_token.view(1)
-    guesses = model.head_topk(
-        hidden, max(tree.topk_per_depth()), tree.depth, next_tokens=root_token.view(())
-    )  # [depth, k]
-    return tree_tokens(tree, root_token, guesses)
-
-
-def dynamic_step_tree(
-    model: MedusaModel,
-    hidden: torch.Tensor,
-    root_token: torch.Tensor,
-    policy: DynamicTree,
-    chain: torch.Tensor,
-    chain_length: int | None = None,
-) -> tuple[Tree, torch.Tensor]:
-    """(this step's tree, its tokens [N]): the policy's choice from the heads' confidence in their guesses.
-
-    ``chain``: the guesses already in the draft along its first path; ``chain_length``: the nodes
-    already in the draft besides the root (default: the chain's length).
-    """
-    depth = min(policy.depth, model.num_heads)
-    if depth == 0 or policy.max_nodes == 1:
-        return policy.choose([]), root_token.view(1)
-    ranks = min(policy.max_nodes - 1, model.guess_vocab_size)  # all nodes may be siblings
-    guesses, probabilities = model.head_topk_probabilities(
-        hidden, ranks, depth, next_tokens=root_token.view(())
-    )  # [depth, k]
-    length = chain.numel() if chain_length is None else chain_length
-    tree = policy.choose(probabilities.tolist(), chain_ranks(guesses, chain), length)
-    return tree, tree_tokens(tree, root_token, guesses)
-
-
-def useful_nodes(policy: DynamicTree, depth: int, rows_before: int) -> int:
-    """The most nodes (root included) ``policy`` can ever choose for heads ``depth`` deep after ``rows_before`` rows.
-
-    A step accepts at most ``depth`` of the heads' guesses, so a tree is only chosen over the bare
-    root while ``tokens_per_cost * (cost(its rows) - cost(rows_before)) < depth``: nodes past that
-    would never be kept, and reserving room or ranking paths for them is wasted.
-    """
-    budget = depth / policy.tokens_per_cost + policy.cost(rows_before)
-    low, high = 0, policy.max_nodes - 1  # guesses: the largest count with cost(1 + count) < budget
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if policy.cost(1 + middle) < budget else (low, middle - 1)
-    return 1 + low
-
-
-@dataclass(frozen=True)
-class MedusaHeadsProposer(Proposer):
-    """The Medusa heads' guesses on a :class:`Tree`, or on the tree a :class:`DynamicTree` picks each
-    step (sized jointly with the nodes earlier proposers put in the draft). ``tree``: a Tree, a
-    DynamicTree, a list of rank paths, or None for ``model.tree``. Proposes nothing for a model without heads."""
-
-    tree: Tree | DynamicTree | Sequence[Sequence[int]] | None = None
-    name: ClassVar[str] = HEADS_SOURCE
-
-    def resolved(self, limits: StepLimits) -> Tree | DynamicTree:
-        model = limits.model
-        tree = (as_tree(self.tree, model.num_heads) if self.tree is not None else model.tree).pruned(model.num_heads)
-        if isinstance(tree, Tree):
-            check_topk_fits(tree, model.guess_vocab_size)
-            return tree
-        depth = min(tree.depth, model.num_heads, math.inf if limits.max_depth is None else limits.max_depth)
-        nodes = useful_nodes(tree, depth, limits.rows_before) if depth > 0 else 1
-        return tree if nodes >= tree.max_nodes else replace(tree, max_nodes=nodes)
-
-    def begin(self, model, prompt, limits):
-        return MedusaHeadsProposer(self.resolved(limits))
-
-    @property
-    def pricing(self) -> DynamicTree | None:
-        return self.tree if isinstance(self.tree, DynamicTree) else None
-
-    def max_nodes(self, limits):
-        if limits.model.heads is None:
-            return 0
-        tree = self.resolved(limits)
-        return (tree.pruned(limits.max_depth) if limits.max_depth is not None else tree).num_nodes - 1
-
-    def propose(self, step):
-        if step.model.heads is None:
-            return None
-        tree = self.tree.pruned(step.max_depth)
-        if isinstance(tree, DynamicTree):
-            chain = first_path(step.draft)
-            tree, tokens = dynamic_step_tree(step.model, step.hidden, step.root, tree, chain, step.draft.num_nodes - 1)
-        else:
-            tokens = head_guesses(step.model, step.hidden, step.root, tree)
-        return Candidates(tokens[1:], tree.parents[1:], shape=tree)
-
-
-def default_proposers(
-    tree: Tree | DynamicTree | Sequence[Sequence[int]] | None = None,
-    lookup_tokens: int = DEFAULT_LOOKUP_TOKENS,
-    datastore: Datastore | bool | None = True,
-    datastore_tokens: int = DEFAULT_DATASTORE_TOKENS,
-) -> tuple[Proposer, ...]:
-    """The lookups (:func:`default_lookups`), then the heads on ``tree`` (None: ``model.tree``), sized around them."""
-    return (default_lookups(lookup_tokens, datastore, datastore_tokens), MedusaHeadsProposer(tree))
-
-
-def propose_draft(proposers: Sequence[Proposer], budgets: Sequence[int], step: StepContext) -> DraftTree:
-    """This step's draft: each proposer in turn adds its checked candidates to what the earlier ones proposed."""
-    draft = step.draft
-    for proposer, budget in zip(proposers, budgets):
-        context = replace(step, draft=draft, max_nodes=budget)
-        draft = add_candidates(draft, proposer.propose(context), context, proposer.name)
-    return draft
-
-
-def lookup_chain(
-    history: torch.Tensor, lookup_tokens: int, datastore: Datastore | None, datastore_tokens: int
-) -> tuple[torch.Tensor, bool]:
-    """(the default lookups' guesses after ``history``, whether they came from the datastore)."""
-    for member in default_lookups(lookup_tokens, datastore or None, datastore_tokens).members:
-        chain = member.chain(history, max(lookup_tokens, datastore_tokens))
-        if chain.numel():
-            return chain, member.name == DATASTORE_SOURCE
-    return history[:0], False
