@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from medusa_lite.commands.benchmark import DEFAULT_QUESTIONS as SPEC_BENCH_QUESTIONS
-from medusa_lite.commands.benchmark import categories_in_order, read_questions, stratified_subset
+from medusa_lite.bench.questions import DEFAULT_QUESTIONS as SPEC_BENCH_QUESTIONS
+from medusa_lite.bench.questions import categories_in_order, read_questions, stratified_subset
 from medusa_lite.commands.calibrate import GREEDY, head_hits, random_prefix, timed_step
 from medusa_lite.training.data import TokenizedData, load_training_data
 

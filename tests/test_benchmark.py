@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import Counter
 
@@ -12,28 +13,31 @@ from transformers import AutoModelForCausalLM
 
 from medusa_lite import DynamicTree, Tree
 from medusa_lite.artifacts.loading import write_tree_file
+from medusa_lite.bench import harness, report
+from medusa_lite.bench import questions as spec_bench
 from medusa_lite.commands import benchmark, microbench
 from medusa_lite.decoding.generate import DEFAULT_LOOKUP_TOKENS
 from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.errors import MedusaError
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
 
 OUTPUT_FILES = ("results.json", "results.md", "speedup_by_category.png", "acceptance_by_depth.png")
 
 
 def test_carried_spec_bench_copy():
-    questions = benchmark.read_questions(benchmark.DEFAULT_QUESTIONS)
-    assert len(questions) == 480 and len(benchmark.categories_in_order(questions)) == 13
-    assert (benchmark.DEFAULT_QUESTIONS.parent / "README.md").read_text().count("Apache") >= 1
+    questions = spec_bench.read_questions(spec_bench.DEFAULT_QUESTIONS)
+    assert len(questions) == 480 and len(spec_bench.categories_in_order(questions)) == 13
+    assert (spec_bench.DEFAULT_QUESTIONS.parent / "README.md").read_text().count("Apache") >= 1
 
 
 def test_stratified_subset_and_rotation():
-    questions = benchmark.read_questions(benchmark.DEFAULT_QUESTIONS)
-    subset = benchmark.stratified_subset(questions, 26)
+    questions = spec_bench.read_questions(spec_bench.DEFAULT_QUESTIONS)
+    subset = spec_bench.stratified_subset(questions, 26)
     assert len(subset) == 26 and set(Counter(q["category"] for q in subset).values()) == {2}
     assert len({q["question_id"] for q in subset}) == 26
-    assert len(benchmark.stratified_subset(questions, 5)) == 5
-    assert benchmark.stratified_subset(QUESTIONS, 10) == [QUESTIONS[0], QUESTIONS[1], QUESTIONS[2]]
-    assert [benchmark.rotated(benchmark.METHODS, i)[0] for i in range(5)] == [
+    assert len(spec_bench.stratified_subset(questions, 5)) == 5
+    assert spec_bench.stratified_subset(QUESTIONS, 10) == [QUESTIONS[0], QUESTIONS[1], QUESTIONS[2]]
+    assert [harness.rotated(harness.METHODS, i)[0] for i in range(5)] == [
         "plain",
         "plain_kernel",
         "pld",
@@ -43,9 +47,9 @@ def test_stratified_subset_and_rotation():
 
 
 def test_first_difference():
-    assert benchmark.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert benchmark.first_difference([1, 5, 3], [1, 2, 3]) == 1
-    assert benchmark.first_difference([1, 2], [1, 2, 3]) == 2
+    assert harness.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert harness.first_difference([1, 5, 3], [1, 2, 3]) == 1
+    assert harness.first_difference([1, 2], [1, 2, 3]) == 2
 
 
 def test_benchmark_end_to_end_fp32(tmp_path):
@@ -105,6 +109,19 @@ def test_benchmark_end_to_end_fp32(tmp_path):
     assert f"medusa {overall['medusa']['mean_tokens_per_step']:.2f}" in table
     progress = [json.loads(line) for line in (out / benchmark.PROGRESS_FILE).read_text().splitlines()]
     assert progress == results["questions"], "progress.jsonl holds every question's record as measured"
+
+    gzipped = tmp_path / "results.json.gz"
+    gzipped.write_bytes(gzip.compress((out / "results.json").read_bytes()))
+    redrawn = report.replot(gzipped, tmp_path / "redrawn")
+    assert [path.name for path in redrawn] == list(OUTPUT_FILES[2:])
+    assert all(path.stat().st_size > 0 for path in redrawn)
+
+
+def test_replot_refuses_results_without_a_summary(tmp_path):
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"questions": []}))
+    with pytest.raises(MedusaError, match="no Spec-Bench summary"):
+        report.replot(results, tmp_path / "out")
 
 
 def test_benchmark_runs_a_subset_of_methods(tmp_path):

@@ -25,7 +25,7 @@ from transformers import AutoModelForCausalLM
 import medusa_lite.artifacts.hub
 from medusa_lite import MedusaHeads, MedusaModel, load
 from medusa_lite.commands import train as train_heads
-from medusa_lite.training import load_trained, loop
+from medusa_lite.training import load_trained, trainer
 from medusa_lite.training.data import TokenizedData, load_training_data
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
@@ -56,7 +56,7 @@ def trained(tiny_target, tmp_path_factory) -> TrainedRun:
         return splits[-1]
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loop, "load_training_data", recorded_load)
+        patch.setattr(trainer, "load_training_data", recorded_load)
         result = train_heads.main(tiny_argv(tiny_target, data, tmp_path_factory.mktemp("run") / "out"))
     assert len(splits) == 1
     return TrainedRun(result, splits[0])

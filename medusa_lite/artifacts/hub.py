@@ -29,12 +29,11 @@ from medusa_lite.drafters.hydra.heads import HydraHeads
 from medusa_lite.drafters.medusa.card import model_card
 from medusa_lite.drafters.medusa.config import HEADS_WHAT
 from medusa_lite.drafters.medusa.heads import MedusaHeads
+from medusa_lite.drafters.registry import artifact_classes
 from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 from medusa_lite.errors import HeadsFileError
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.trees.dynamic_tree import DynamicTree
-
-ARTIFACT_MODULES = (MedusaHeads, SequentialDrafter, HydraHeads)
 
 
 def push_heads_to_hub(
@@ -59,7 +58,7 @@ def push_heads_to_hub(
     """
     api = HfApi(endpoint=endpoint, token=token)
     with tempfile.TemporaryDirectory(prefix="medusa-heads-") as tmp:
-        if isinstance(heads_or_dir, ARTIFACT_MODULES):
+        if isinstance(heads_or_dir, artifact_classes()):
             folder = Path(tmp)
             heads_or_dir.save_pretrained(folder)
             module = heads_or_dir

@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -49,18 +49,17 @@ from medusa_lite.cpu.prepack import (
 from medusa_lite.decoding.attention import TREE_SDPA
 from medusa_lite.decoding.model import MedusaModel
 from medusa_lite.drafters.draft_vocab import DraftLMHead
-from medusa_lite.drafters.hydra.heads import HYDRA_KIND, HydraHeads
-from medusa_lite.drafters.hydra.proposer import HydraProposer, check_hydra_fits, hydra_proposal
+from medusa_lite.drafters.hydra.heads import HydraHeads
+from medusa_lite.drafters.hydra.proposer import HydraProposer
 from medusa_lite.drafters.medusa.config import HEADS_WHAT
 from medusa_lite.drafters.medusa.heads import MedusaHeads
 from medusa_lite.drafters.medusa.proposer import default_proposers
-from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, SequentialDrafter
+from medusa_lite.drafters.registry import artifact_classes, kind_of, kind_recorded, registered
+from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 from medusa_lite.drafters.sequential.proposer import (
     DEFAULT_DRAFTER_NODES,
     DEFAULT_DRAFTER_TOPK,
     SequentialDrafterProposer,
-    check_drafter_fits,
-    drafter_proposal,
 )
 from medusa_lite.errors import HeadsFileError, MedusaError, TreeError
 from medusa_lite.proposers.base import Proposer, StepLimits, as_proposers, step_rows
@@ -215,8 +214,8 @@ def tree_of(model: MedusaModel) -> Tree | DynamicTree:
 def default_dtype(device: str | torch.device) -> torch.dtype:
     """float32 on a CPU, bfloat16 on an accelerator.
 
-    On CPU, float32 decoding was faster than bfloat16 (SmolLM2-135M, 2-core Xeon with
-    avx512_bf16: 21.6 vs 17.1 tokens/s plain greedy) and is exact: verifying several tokens in one
+    On CPU, float32 decoding was faster than bfloat16 (docs/results.md, "Measurements behind the code's
+    choices") and is exact: verifying several tokens in one
     forward rounds like one-token steps, so greedy outputs equal plain greedy. bfloat16 halves the
     weights read per step, which is what pays on a GPU.
     """
@@ -294,34 +293,18 @@ def prepack_for_tree(base: torch.nn.Module, tree: Tree, prepack: bool | None, ro
     )  # too few rows for the backend: packs nothing
 
 
-@dataclass(frozen=True)
-class DraftingKind:
-    """How ``load`` serves one kind of drafting artifact: its proposer (given the artifact, ``topk`` and
-    ``max_new_nodes``), the check that it fits a target, and what calibration times as its work per step."""
-
-    proposer: Callable[..., Proposer]
-    check_fits: Callable[[MedusaModel, torch.nn.Module], None]
-    proposal: Callable[[Proposer, MedusaModel], Proposal]
-
-
-DRAFTING_KINDS: dict[type, DraftingKind] = {
-    SequentialDrafter: DraftingKind(SequentialDrafterProposer, check_drafter_fits, drafter_proposal),
-    HydraHeads: DraftingKind(HydraProposer, check_hydra_fits, hydra_proposal),
-}
-# What the ``kind`` in an artifact's config.json loads as (Medusa heads record none).
-ARTIFACT_CLASSES = {None: MedusaHeads, DRAFTER_KIND: SequentialDrafter, HYDRA_KIND: HydraHeads}
-
-
 def read_artifact(source: ArtifactSource) -> MedusaHeads | SequentialDrafter | HydraHeads:
-    """The heads, drafter or Hydra-style heads an artifact holds, by the ``kind`` its config.json records."""
+    """The drafter an artifact holds, of the registered kind (:mod:`medusa_lite.drafters.registry`) its
+    config.json records."""
     path = heads_file(source, CONFIG_NAME)
-    kind = config_kind(path)
-    if kind not in ARTIFACT_CLASSES:
-        known = ", ".join(repr(k) for k in ARTIFACT_CLASSES if k is not None)
+    recorded = config_kind(path)
+    kind = kind_recorded(recorded)
+    if kind is None:
+        known = ", ".join(repr(k.recorded_kind) for k in registered() if k.recorded_kind is not None)
         raise HeadsFileError(
-            f"{path} records kind {kind!r}, which medusa-lite does not know ({known}, or none for Medusa heads)"
+            f"{path} records kind {recorded!r}, which medusa-lite does not know ({known}, or none for Medusa heads)"
         )
-    return ARTIFACT_CLASSES[kind].from_source(source)
+    return kind.artifact.from_source(source)
 
 
 def load(
@@ -354,21 +337,20 @@ def load(
     raises :class:`~medusa_lite.errors.AdapterError`.
 
     ``prepack``: pack the target's linear weights for few-row products, up to the tree + the
-    default lookup chain (:mod:`medusa_lite.cpu.prepack`: the row_gemm kernel, else oneDNN; measured
-    over all linears of SmolLM2-135M on an Intel Xeon, 8 rows: 61-64 ms unpacked, 30 ms row_gemm,
-    one row 27-29 ms). None: when possible (float32 on CPU); True: raise if not possible; False: never.
+    default lookup chain (:mod:`medusa_lite.cpu.prepack`: the row_gemm kernel, else oneDNN). None: when
+    possible (float32 on CPU); True: raise if not possible; False: never.
 
     ``proposers``: the sources of guesses ``generate`` uses by default (``model.proposers``,
     :mod:`medusa_lite.proposers.base`); None: the lookups, then the heads on the tree. The weights are
     packed for the most rows a step of theirs verifies.
     """
-    if isinstance(heads, (MedusaHeads, *DRAFTING_KINDS)):
+    if isinstance(heads, artifact_classes()):
         heads_module, source = heads, None
     else:
         where = heads_source_for(model, heads)
         source = resolve_source(where, HEADS_WHAT, revision=heads_revision, token=token, cache_dir=cache_dir)
         heads_module = read_artifact(source)
-    if isinstance(heads_module, tuple(DRAFTING_KINDS)):  # its config.json records its kind
+    if kind_of(heads_module).drafting is not None:  # a drafter growing its own trees, beside the lookups
         return load_with_drafter(
             heads_module,
             source,
@@ -432,7 +414,7 @@ def load_with_drafter(
     medusa = MedusaModel(
         base, None, datastore=store, proposers=() if proposers is None else as_proposers(proposers)
     ).eval()
-    kind = DRAFTING_KINDS[type(drafter)]
+    kind = kind_of(drafter).drafting
     if proposers is None:
         medusa.proposers = (default_lookups(), kind.proposer(drafter, max_new_nodes=policy.max_nodes - 1))
     prepack_for_tree(medusa.base_model, Tree(()), prepack, step_rows(medusa.proposers, medusa))
@@ -461,7 +443,7 @@ def drafter_proposer_for(
     ``topk`` nodes a depth and adding up to ``policy.max_nodes - 1`` nodes a step, each step sized and gated
     by the policy's ``tokens_per_cost`` and step costs: this machine's, measured for the verified rows and the
     drafter's own work (:func:`priced_here`), unless ``price_here`` is False (the policy's own costs)."""
-    kind = DRAFTING_KINDS[type(drafter)]
+    kind = kind_of(drafter).drafting
     kind.check_fits(model, drafter)
     lm_head = model.base_model.get_output_embeddings()
     drafter.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype)

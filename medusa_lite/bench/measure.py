@@ -105,3 +105,27 @@ def machine_info(dtype: torch.dtype, model: torch.nn.Module | None = None) -> di
         info["prepacked_rows"] = prepacked_rows(model)  # None: linear weights not pre-packed
         info["prepack_backend"] = prepack_backend(model)
     return info
+
+
+# A random llama small enough for a CPU test run and large enough that a verification of many rows costs
+# more than one (microbench's default target, gpu-check's exactness runs).
+TINY_LLAMA = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+)
+
+
+def tiny_llama(dtype: torch.dtype, seed: int, attn_implementation: str = "sdpa", device: str = "cpu"):
+    """A random :data:`TINY_LLAMA` causal LM in eval mode, without special tokens (pad id 0 for ``generate``)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(**TINY_LLAMA, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=dtype)
+    model.generation_config.pad_token_id = 0
+    return model.to(device).eval()

@@ -37,16 +37,10 @@ from pathlib import Path
 import torch
 
 from medusa_lite.artifacts.loading import load
-from medusa_lite.bench.measure import chat_input_ids, machine_info, plain_generate
-from medusa_lite.commands.benchmark import (
-    DEFAULT_QUESTIONS,
-    markdown_table,
-    read_questions,
-    run_benchmark,
-    stratified_subset,
-    summarize,
-    write_outputs,
-)
+from medusa_lite.bench.harness import run_benchmark
+from medusa_lite.bench.measure import TINY_LLAMA, chat_input_ids, machine_info, plain_generate, tiny_llama
+from medusa_lite.bench.questions import DEFAULT_QUESTIONS, read_questions, stratified_subset
+from medusa_lite.bench.report import markdown_table, summarize, write_outputs
 from medusa_lite.commands.options import EXIT_USAGE_ERROR, set_threads
 from medusa_lite.decoding.generate import generate
 from medusa_lite.decoding.model import MedusaModel
@@ -56,29 +50,15 @@ from medusa_lite.errors import MedusaError
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 DEFAULT_OUT = Path("outputs/gpu_check")
 GREEDY = SamplingSettings()
-TINY_VOCAB = 256
 TINY_HEADS = 3
 
 
 # -- 1. exactness ------------------------------------------------------------------------------
 def tiny_model(device: str, dtype: torch.dtype, seed: int) -> MedusaModel:
     """A random tiny llama with fresh heads (they guess the target's own next token, so some guesses are accepted)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from medusa_lite.artifacts.loading import ATTN_IMPLEMENTATION
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=TINY_VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        attn_implementation=ATTN_IMPLEMENTATION,
-    )
-    base = LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    base = tiny_llama(dtype, seed, ATTN_IMPLEMENTATION, device)
     return MedusaModel.with_new_heads(base, TINY_HEADS).eval()
 
 
@@ -88,7 +68,7 @@ def exactness(device: str, dtype: torch.dtype, prompts: int, new_tokens: int) ->
     for seed in range(prompts):
         model = tiny_model(device, dtype, seed)
         generator = torch.Generator().manual_seed(seed)
-        prompt = torch.randint(0, TINY_VOCAB, (1, 8 + seed % 16), generator=generator).to(device)
+        prompt = torch.randint(0, TINY_LLAMA["vocab_size"], (1, 8 + seed % 16), generator=generator).to(device)
         with torch.inference_mode():
             plain = plain_generate(model.base_model, prompt, new_tokens, GREEDY)
         medusa = generate(model, prompt, new_tokens, tree=[[0], [1], [0, 0], [0, 0, 0]]).sequences[

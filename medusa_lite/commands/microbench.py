@@ -16,39 +16,22 @@ import argparse
 from collections.abc import Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import AutoModelForCausalLM
 
 from medusa_lite.artifacts.loading import load, tree_of
-from medusa_lite.bench.measure import plain_generate, timed
+from medusa_lite.bench.measure import plain_generate, timed, tiny_llama
 from medusa_lite.commands.options import set_threads
 from medusa_lite.decoding.generate import generate
 from medusa_lite.decoding.model import MedusaModel
 from medusa_lite.decoding.sampling import SamplingSettings
 from medusa_lite.dtypes import EXPLICIT_DTYPE_CHOICES, parse_dtype
 
-TINY_CONFIG = dict(
-    vocab_size=512,
-    hidden_size=128,
-    intermediate_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=1024,
-)
 DEFAULT_NUM_HEADS = 3
 DEFAULT_MAX_NEW_TOKENS = 128
 DEFAULT_PROMPT_TOKENS = 32
 DEFAULT_REPEATS = 3
 WARMUP_TOKENS = 8
 SEED = 0
-
-
-def tiny_random_model(dtype: torch.dtype) -> AutoModelForCausalLM:
-    torch.manual_seed(SEED)
-    config = LlamaConfig(**TINY_CONFIG, bos_token_id=None, eos_token_id=None, pad_token_id=None)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype).eval()
-    model.generation_config.pad_token_id = 0
-    return model
 
 
 def build_model(args: argparse.Namespace) -> MedusaModel:
@@ -58,7 +41,7 @@ def build_model(args: argparse.Namespace) -> MedusaModel:
     if args.model:
         base = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype, attn_implementation="sdpa").eval()
     else:
-        base = tiny_random_model(dtype)
+        base = tiny_llama(dtype, SEED)
     return MedusaModel.with_new_heads(base, args.num_heads).eval()
 
 

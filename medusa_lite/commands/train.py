@@ -16,7 +16,8 @@ import argparse
 from collections.abc import Sequence
 
 from medusa_lite.training.config import load_config
-from medusa_lite.training.loop import TrainResult, train
+from medusa_lite.training.run import TrainResult
+from medusa_lite.training.trainer import train
 
 EXIT_PUSH_FAILED = 3
 

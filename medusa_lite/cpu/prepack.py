@@ -18,12 +18,8 @@ parameters and ``state_dict`` are unchanged (the packed copy is not a buffer, an
 the weight changes: see :class:`PrepackedLinear`). :func:`medusa_lite.load` packs the target for its
 tree plus the default prompt-lookup chain unless ``prepack=False``.
 
-Measured (SmolLM2-135M, float32, 2 threads; all 211 linear layers of one forward, kernels only):
-on a 2-core AVX-512 Xeon, 1 row 27-29 ms (PyTorch); 6 rows 51-57 ms PyTorch, 29 ms row_gemm; 8
-rows 61-64 / 30 ms; 16 rows 46 ms row_gemm. On a 2-core AVX-512 AMD EPYC, PyTorch / oneDNN /
-row_gemm avx512: 1 row 50 / 30 / 19 ms; 4 rows 62 / 37 / 17 ms; 14 rows 84 / 38 / 18 ms (MKL's
-packed GEMM, the fallback before oneDNN: 60 and 72 ms for 4 and 14 rows, and a copy of the
-weights per row bucket): ``docs/results.md`` (oneDNN). Only float32 on CPU is supported.
+What each path costs per row count, measured on two CPUs: ``docs/results.md``, "Measurements
+behind the code's choices" (and its oneDNN section). Only float32 on CPU is supported.
 """
 
 from __future__ import annotations
@@ -264,8 +260,8 @@ def packed_from_rows(model: nn.Module, min_rows: int) -> Iterator[None]:
     """Within the block, inputs of ``min_rows`` rows or more (up to the packed count) take the packed path.
 
     ``packed_from_rows(model, 1)`` sends one-token decoding through the packed path too: on CPUs
-    where PyTorch's own float32 one-row linear is slow (measured on a 2-core AMD EPYC: the lm_head
-    11.3 ms against 2.9 ms through row_gemm) plain decoding then runs faster, which is how
+    where PyTorch's own float32 one-row linear is slow (docs/results.md, "Measurements behind the code's
+    choices") plain decoding then runs faster, which is how
     ``infer/benchmark.py``'s ``plain_kernel`` tells the packed path's share of a speed-up from the
     speculation's. The previous minimum comes back on exit.
     """

@@ -1,7 +1,7 @@
 """The KV cache of one generation: transformers' dynamic cache, with room reserved up front.
 
 transformers' ``DynamicLayer`` appends by concatenation, so every decoding step copies the
-whole cache (SmolLM2-135M at 745 cached tokens: 34 MB, ~4 ms of a ~57 ms step on the 2-core CPU).
+whole cache (a measurable share of a step: docs/results.md, "Measurements behind the code's choices").
 A generation knows its length in advance (prompt + ``max_new_tokens`` + one step's tree), so
 :class:`ReservedLayer` keeps its keys and values as views of buffers of that capacity and writes
 new entries in place. Everything else (``get_seq_length``, mask sizes, slicing the cache back to

@@ -83,7 +83,7 @@ def pick_tokens(
 ) -> torch.Tensor:
     """One token per row of logits [N, V]: the argmax (greedy) or an independent sample."""
     if settings.greedy:
-        # In float32, like transformers' greedy search (also ~2x faster than a bf16 argmax on CPU).
+        # In float32, like transformers' greedy search (also the faster argmax on CPU: docs/results.md).
         return logits.float().argmax(dim=-1)
     probs = logits_to_probs(logits, settings)
     return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)

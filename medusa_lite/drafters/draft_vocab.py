@@ -43,8 +43,9 @@ class DraftLMHead(nn.Module):
     def pack_for_few_rows(self, rows: int, dtype: torch.dtype = torch.float32) -> None:
         """Multiply inputs of up to ``rows`` rows (a step's heads) through medusa_lite's row_gemm kernel.
 
-        The heads' few rows then read the D x H weights once, at the kernel's speed: on a 2-core
-        AMD EPYC PyTorch's float32 product of 4 rows by 8192 x 576 weights took ~3 ms a step.
+        The heads' few rows then read the D x H weights once, at the kernel's speed (PyTorch's own
+        few-row float32 product is slow on some CPUs: docs/results.md, "Measurements behind the code's
+        choices").
         Float32 CPU weights only; the packed copy is used only while the weights are the very
         tensor, version, dtype and device it was packed from (else the usual path, as
         :class:`~medusa_lite.cpu.prepack.PrepackedLinear`). ``dtype`` bfloat16: a packed copy of half the

@@ -34,10 +34,8 @@ LOOKUP_MAX_NGRAM = 3
 LOOKUP_MIN_NGRAM = 1
 # How far a match is trusted: ``generate`` copies at most this many tokens per matched token (a
 # lone matched token -> 2 guesses, a 3-token match -> 6). Chosen by replaying greedy decoding on
-# 120 held-out self-distilled prompts with measured step costs (benchmarks/lookup_policy/): with
-# the row_gemm kernel and the 4-node tree, chains of 6/4/2 tokens for 3/2/1-token matches predict
-# 1.89 tokens/step and 1.76x (1.54x before the cheaper tree attention), the best of 630 policies
-# 1.77x, the earlier 3-node tree with a flat 3-token chain 1.74 and 1.62x.
+# 120 held-out self-distilled prompts with measured step costs (benchmarks/lookup_policy/; the
+# figures: docs/results.md, "Choosing the defaults offline").
 LOOKUP_TOKENS_PER_MATCHED_TOKEN = 2
 # Most prompt-lookup guesses per step (replay: benchmarks/lookup_policy/).
 DEFAULT_LOOKUP_TOKENS = 6

@@ -2,7 +2,8 @@
 
 Modules: ``config`` (the YAML config), ``data`` (datasets + chat-template masking), ``losses``
 (targets, CE/KL, accuracy), ``objective`` (what ``accelerator.prepare`` gets), ``hidden_cache``
-(precomputed hidden states), ``checkpoint`` (atomic checkpoints), ``loop`` (the run),
+(precomputed hidden states), ``checkpoint`` (atomic checkpoints), ``batches``, ``trainer`` (the run:
+accelerator, optimizer, steps), ``reporting`` (evaluation, metrics, summary), ``publishing`` (save, push),
 ``artifacts`` (loading the results), ``errors``.
 """
 

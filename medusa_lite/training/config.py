@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from medusa_lite.drafters.registry import kind_named, kind_names
 from medusa_lite.dtypes import DTYPE_CHOICES
 from medusa_lite.training.errors import TrainingConfigError
 
@@ -24,10 +25,6 @@ GIGABYTE = 1e9  # bytes: the unit of max_cache_gb and of every size training rep
 DEFAULT_HEAD_DECAY = 0.8
 DEFAULT_MODEL_KEYWORD = "default"
 DATA_FORMATS = ("auto", "chat", "text")
-# What to train: Medusa heads (each head guesses one depth from the target's hidden state), a
-# sequential drafter (medusa_lite.drafters.sequential: one decoder layer drafting depth d from its own depth d-1), or
-# Hydra-style heads (medusa_lite.drafters.hydra: head k also reads the k tokens drafted on its path).
-DRAFTER_KINDS = ("medusa_heads", "sequential", "hydra")
 MIXED_PRECISIONS = ("no", "bf16", "fp16")
 LR_SCHEDULERS = ("cosine", "linear", "constant", "constant_with_warmup")
 TRUE_WORDS = ("true", "yes", "on", "1")
@@ -72,7 +69,10 @@ class TrainConfig:
     # `accelerate launch --mixed_precision` / ACCELERATE_MIXED_PRECISION says (default "no")
     mixed_precision: str | None = None
     # -- heads
-    drafter: str = "medusa_heads"  # one of DRAFTER_KINDS
+    # What to train, a kind's name in medusa_lite.drafters.registry: Medusa heads (each guesses one depth from the
+    # target's hidden state), "sequential" (one decoder layer drafting depth d from its own depth d-1) or "hydra"
+    # (head k also reads the k tokens drafted on its path).
+    drafter: str = "medusa_heads"
     num_heads: int = 4  # Medusa heads; for the sequential drafter, the depths training unrolls
     num_layers: int = 1
     use_base_lm_head: bool = True
@@ -295,8 +295,15 @@ def validate(config: TrainConfig) -> None:
         config.mixed_precision in (None, *MIXED_PRECISIONS),
         f"config: mixed_precision must be one of {MIXED_PRECISIONS} or null, got {config.mixed_precision!r}",
     )
-    require(config.drafter in DRAFTER_KINDS, f"config: drafter must be one of {DRAFTER_KINDS}, got {config.drafter!r}")
-    if config.drafter != "medusa_heads":
+    kind = kind_named(config.drafter)
+    trainable = tuple(name for name in kind_names() if kind_named(name).training is not None)
+    require(
+        kind is not None and kind.training is not None,
+        f"config: drafter must be one of {trainable}, got {config.drafter!r}"
+        + ("" if kind is None else " (a kind medusa-lite decodes but does not train)"),
+    )
+    training = kind.training
+    if not training.trains_target:
         require(
             config.lora is None,
             f"config: drafter: {config.drafter} cannot be combined with lora (Medusa-2 trains Medusa heads with "
@@ -333,14 +340,14 @@ def validate(config: TrainConfig) -> None:
     require(config.distill_weight >= 0, f"config: distill_weight must be >= 0, got {config.distill_weight}")
     require(config.feature_weight >= 0, f"config: feature_weight must be >= 0, got {config.feature_weight}")
     require(
-        config.feature_weight == 0 or config.drafter == "sequential",
+        config.feature_weight == 0 or training.unrolled,
         "config: feature_weight regresses a sequential drafter's output features; Medusa heads have none to "
         "regress (set drafter: sequential, or feature_weight: 0)",
     )
     if config.feature_layers is not None:
         layers = config.feature_layers
         require(
-            config.drafter == "sequential",
+            training.unrolled,
             "config: feature_layers chooses the target layers a sequential drafter reads; Medusa heads read the "
             "final hidden state (set drafter: sequential, or remove feature_layers)",
         )

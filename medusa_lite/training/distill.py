@@ -26,7 +26,7 @@ derived from ``--seed`` and the record's index, and batch ``b`` always holds rec
 ``[b*batch_size, (b+1)*batch_size)``, so an interrupted and resumed run writes the same records
 as an uninterrupted one (keep ``--batch-size`` unchanged across restarts for bit-identity).
 
-This module NEVER uses the Spec-Bench questions (``data/spec_bench/``) or any other
+This module NEVER uses the Spec-Bench questions (``medusa_lite/bench/spec_bench/``) or any other
 dataset: Spec-Bench is our benchmark, and training heads on it would leak the test set.
 
 Usage: ``medusa-lite distill --help`` (:mod:`medusa_lite.commands.distill`).

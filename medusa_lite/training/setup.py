@@ -8,17 +8,17 @@ import os
 import torch
 
 from medusa_lite.artifacts.loading import load_target
-from medusa_lite.decoding.model import MedusaModel, hidden_state_count
-from medusa_lite.drafters.hydra.heads import HydraConfig, HydraHeads
+from medusa_lite.drafters.hydra.heads import HydraHeads
 from medusa_lite.drafters.medusa.heads import MedusaHeads
-from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
+from medusa_lite.drafters.registry import kind_named
+from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 from medusa_lite.dtypes import AUTO, parse_dtype
 from medusa_lite.extras import require_extra
 from medusa_lite.training.checks import check_processes_connected
 from medusa_lite.training.config import DEFAULT_MODEL_KEYWORD, TrainConfig
-from medusa_lite.training.drafter_objective import DrafterObjective, state_layers
+from medusa_lite.training.drafter_objective import state_layers
 from medusa_lite.training.errors import TrainingConfigError
-from medusa_lite.training.objective import HeadsObjective, LossSettings, Medusa2Objective
+from medusa_lite.training.objective import LossSettings
 
 
 def resolve_dtype(config: TrainConfig):
@@ -45,9 +45,10 @@ def load_frozen_target(config: TrainConfig, accelerator):
         and model.dtype != torch.float32
         and not has_bf16_matrix_units()
     ):
-        # CPUs without bfloat16 matrix instructions run batched float32 matmuls ~2-3x faster than
-        # bfloat16 ones; the upcast weights are exactly the stored (e.g. bf16) ones, so the features
-        # match inference closely. With AMX or AVX512-BF16 bfloat16 is the fast one (docs/training.md).
+        # CPUs without bfloat16 matrix instructions run batched float32 matmuls faster than bfloat16
+        # ones (docs/results.md, "Measurements behind the code's choices"); the upcast weights are
+        # exactly the stored (e.g. bf16) ones, so the features match inference closely. With AMX or
+        # AVX512-BF16 bfloat16 is the fast one (docs/training.md).
         model = model.float()
     return model.to(accelerator.device), tokenizer
 
@@ -93,87 +94,15 @@ def check_draft_vocab_fits(config: TrainConfig, vocab_size: int) -> None:
 def fresh_heads(
     config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None = None
 ) -> MedusaHeads | SequentialDrafter | HydraHeads:
-    """Fresh heads (or a sequential drafter, or Hydra-style heads, per ``config.drafter``) for ``base_model``; with
-    ``draft_token_ids`` they guess among those tokens only."""
-    if config.drafter == "sequential":
-        return fresh_drafter(config, base_model, draft_token_ids)
-    if config.drafter == "hydra":
-        return fresh_hydra_heads(config, base_model, draft_token_ids)
-    heads = MedusaModel.with_new_heads(
-        base_model,
-        config.num_heads,
-        num_layers=config.num_layers,
-        use_base_lm_head=config.use_base_lm_head,
-        draft_token_ids=draft_token_ids,
-        next_token_input=config.next_token_input,
-    ).heads
+    """A fresh drafter of the kind ``config.drafter`` names (:mod:`medusa_lite.drafters.registry`) for
+    ``base_model``, in float32 (the master weights whatever the target's dtype); with ``draft_token_ids`` it
+    guesses among those tokens only."""
+    module = kind_named(config.drafter).training.fresh(config, base_model, draft_token_ids)
     if config.model == DEFAULT_MODEL_KEYWORD:
         from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
 
-        heads.config.base_model_name_or_path = DEFAULT_MODEL_NAME
-    return heads.float()  # float32 master weights whatever the target's dtype
-
-
-def fresh_hydra_heads(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None) -> HydraHeads:
-    """Fresh Hydra-style heads for ``base_model``: ``config.num_heads`` heads, each reading its drafted path."""
-    hydra_config = HydraConfig(
-        num_heads=config.num_heads,
-        hidden_size=base_model.get_input_embeddings().weight.shape[1],
-        vocab_size=base_model.get_output_embeddings().weight.shape[0],
-        draft_vocab_size=None if draft_token_ids is None else int(torch.as_tensor(draft_token_ids).numel()),
-        base_model_name_or_path=getattr(base_model.config, "_name_or_path", None) or None,
-    )
-    if config.model == DEFAULT_MODEL_KEYWORD:
-        from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
-
-        hydra_config.base_model_name_or_path = DEFAULT_MODEL_NAME
-    heads = HydraHeads(hydra_config)
-    if draft_token_ids is not None:
-        heads.set_draft_vocab(draft_token_ids)
-    return heads.float()
-
-
-def fresh_drafter(config: TrainConfig, base_model, draft_token_ids: torch.Tensor | None) -> SequentialDrafter:
-    """A fresh sequential drafter sized like ``base_model``'s layers, unrolled ``config.num_heads`` depths."""
-    draft_size = None if draft_token_ids is None else int(torch.as_tensor(draft_token_ids).numel())
-    states = hidden_state_count(base_model)
-    if config.feature_layers is not None and max(config.feature_layers) >= states:
-        raise TrainingConfigError(
-            f"config: feature_layers {config.feature_layers} name hidden states the model does not have: it has "
-            f"{states} (0: the embeddings, 1..{states - 1}: its decoder layers' outputs)"
-        )
-    drafter_config = DrafterConfig.for_model(
-        base_model, depth=config.num_heads, draft_vocab_size=draft_size, feature_layers=config.feature_layers
-    )
-    if config.model == DEFAULT_MODEL_KEYWORD:
-        from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
-
-        drafter_config.base_model_name_or_path = DEFAULT_MODEL_NAME
-    drafter = SequentialDrafter(drafter_config)
-    if draft_token_ids is not None:
-        drafter.set_draft_vocab(draft_token_ids)
-    return drafter.float()
-
-
-def add_lora(config: TrainConfig, base_model):
-    require_extra("peft", "Training with a lora: section (Medusa-2)")
-    from peft import LoraConfig, get_peft_model
-
-    settings = config.lora
-    lora_config = LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules),
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    try:
-        return get_peft_model(base_model, lora_config)
-    except ValueError as error:
-        raise TrainingConfigError(
-            f"lora.target_modules {settings.target_modules} do not fit the model: {error}"
-        ) from error
+        module.config.base_model_name_or_path = DEFAULT_MODEL_NAME
+    return module.float()
 
 
 def loss_settings(config: TrainConfig) -> LossSettings:
@@ -187,23 +116,15 @@ def loss_settings(config: TrainConfig) -> LossSettings:
 
 def batch_layers(config: TrainConfig) -> list[int] | None:
     """The target layers each training batch holds per position (None: the final hidden state alone)."""
-    if config.drafter != "sequential":
+    if not kind_named(config.drafter).training.unrolled:
         return None
     return state_layers(config.feature_layers, loss_settings(config).reads_target_ahead)
 
 
 def build_objective(config: TrainConfig, base_model, heads: MedusaHeads | SequentialDrafter | HydraHeads):
-    settings = loss_settings(config)
-    if isinstance(heads, SequentialDrafter):
-        return DrafterObjective(
-            heads, base_model.get_output_embeddings(), base_model.get_input_embeddings(), settings
-        ), base_model
-    if config.lora is None:
-        return HeadsObjective(
-            heads, base_model.get_output_embeddings(), settings, base_model.get_input_embeddings()
-        ), base_model
-    peft_model = add_lora(config, base_model)
-    return Medusa2Objective(peft_model, heads, settings, config.lora.distill_weight), peft_model
+    """The objective ``accelerator.prepare`` gets for ``heads`` (its kind's), and the model batches are read
+    with."""
+    return kind_named(config.drafter).training.objective(config, base_model, heads, loss_settings(config))
 
 
 def needs_gloo() -> bool:

@@ -209,8 +209,8 @@ def row_costs_from_table(table: Sequence[dict], rows: int) -> tuple[float, ...]:
 # -- never slower than plain decoding ----------------------------------------------------------
 # Weight of the newest step in the running gain (an exponential average over about 32 steps).
 # Acceptance comes in bursts: over 8 steps the average fell below 0 in stretches of text where
-# speculation still paid over the whole answer (11 Spec-Bench questions, 128 tokens, kernel off:
-# 1.28x with 1/8 against 1.31x without any gate; 1/32 paused on none of them: 1.30x).
+# speculation still paid over the whole answer (docs/results.md, "Measurements behind the code's
+# choices").
 RECENT_STEP_WEIGHT = 1 / 32
 # The gain assumed before any step is seen: speculation gets some steps to show what it buys
 # (about 10 steps where each loses 0.7 of a plain step, 25 where each loses 0.2).

@@ -202,7 +202,8 @@ REFERENCE_TOPK_ACCURACY = (
     (0.22, 0.045, 0.045, 0.045, 0.045),
     (0.17, 0.0425, 0.0425, 0.0425, 0.0425),
 )
-# On a 2-core CPU in bf16 verifying 16 tokens costs 1.32x one token (../shared/DESIGN.md §2).
+# Verifying 16 tokens costs little more than one on a CPU (docs/results.md, "Measurements behind the
+# code's choices").
 DEFAULT_TREE_NODES = 16
 
 

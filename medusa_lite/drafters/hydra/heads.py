@@ -21,19 +21,17 @@ node and the projection, which is what a CPU can afford (the ablation: 1.664 exp
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
-from huggingface_hub import ModelCard, PyTorchModelHubMixin
+from huggingface_hub import ModelCard
 from torch import nn
 
-from medusa_lite.artifacts.base import DRAFT_IDS_NAME, StrictArtifact
-from medusa_lite.artifacts.card import LIBRARY_NAME, PROJECT_URL
+from medusa_lite.artifacts.base import DRAFT_IDS_NAME, ArtifactConfig, HubArtifact, check_draft_vocab_size
+from medusa_lite.artifacts.card import drafter_card
 from medusa_lite.drafters.draft_vocab import guess_logits
-from medusa_lite.drafters.medusa.heads import ResBlock
-from medusa_lite.errors import HeadsFileError
+from medusa_lite.drafters.medusa.heads import ResBlock, path_reader
 
 # The ``kind`` a Hydra-style artifact's config.json records.
 HYDRA_KIND = "hydra-heads"
@@ -42,12 +40,14 @@ HYDRA_TAGS = ("medusa-lite", "speculative-decoding", "hydra")
 
 
 @dataclass
-class HydraConfig:
+class HydraConfig(ArtifactConfig):
     """Shape of Hydra-style heads and the model they were trained for.
 
     ``num_heads = K``: head k (1..K) guesses depth k of a draft. ``draft_vocab_size = D``
     restricts guesses to the D ids of the ``draft_token_ids`` buffer, as for Medusa heads.
     """
+
+    config_what: ClassVar[str] = "Hydra-style heads"
 
     num_heads: int
     hidden_size: int
@@ -65,48 +65,12 @@ class HydraConfig:
                 raise ValueError(f"HydraConfig.{name} must be a positive integer, got {value!r}")
         if self.kind != HYDRA_KIND:
             raise ValueError(f"HydraConfig.kind must be {HYDRA_KIND!r}, got {self.kind!r}")
-        draft = self.draft_vocab_size
-        if draft is not None and (
-            not isinstance(draft, int) or isinstance(draft, bool) or not 1 <= draft <= self.vocab_size
-        ):
-            raise ValueError(
-                "HydraConfig.draft_vocab_size must be None or an integer in [1, vocab_size = "
-                f"{self.vocab_size}], got {draft!r}"
-            )
+        check_draft_vocab_size("HydraConfig", self.draft_vocab_size, self.vocab_size)
         if not isinstance(self.training_summary, dict):
             raise ValueError(f"HydraConfig.training_summary must be a JSON object, got {self.training_summary!r}")
 
-    @property
-    def guess_vocab_size(self) -> int:
-        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
 
-    @classmethod
-    def from_dict(cls, values: dict) -> HydraConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise HeadsFileError(f"unknown key(s) in Hydra-style heads config: {unknown}; known keys: {sorted(known)}")
-        return cls(**values)
-
-
-def path_reader(hidden_size: int, tokens: int) -> nn.Linear:
-    """Linear [h; ``tokens`` token embeddings] ((1 + tokens) H) -> H, starting as the identity on h."""
-    layer = nn.Linear((1 + tokens) * hidden_size, hidden_size)
-    with torch.no_grad():
-        layer.weight.zero_()
-        layer.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
-        layer.bias.zero_()
-    return layer
-
-
-class HydraHeads(
-    StrictArtifact,
-    nn.Module,
-    PyTorchModelHubMixin,
-    library_name=LIBRARY_NAME,
-    tags=list(HYDRA_TAGS),
-    repo_url=PROJECT_URL,
-):
+class HydraHeads(HubArtifact, tags=list(HYDRA_TAGS)):
     """K heads; head k reads [h; E(path of k tokens)] (see the module docstring). Decoding state lives outside."""
 
     artifact_what: ClassVar[str] = HYDRA_WHAT
@@ -140,22 +104,15 @@ class HydraHeads(
         return guess_logits(head_hidden, base_lm_head, self.draft_token_ids, HYDRA_WHAT)
 
     def generate_model_card(self, *args, **kwargs) -> ModelCard:
-        summary = self.config.training_summary
-        lines = [
-            "---",
-            f"library_name: {LIBRARY_NAME}",
-            f"tags: [{', '.join(HYDRA_TAGS)}]",
-            "---",
-            f"# Hydra-style heads for {self.config.base_model_name_or_path or 'their base model'}",
-            "",
-            "medusa-lite Hydra-style heads: head k reads the target's hidden state and the k tokens drafted on its "
-            "path, so each depth knows what the depths before it guessed. Load with "
-            "`medusa_lite.load(model, heads=<this repo>)`.",
-            "",
-            f"- heads: {self.config.num_heads}",
-            f"- draft vocabulary: {self.config.draft_vocab_size or 'full'}",
-        ]
-        for key in ("top1_accuracy", "chain_top1_accuracy", "data_records", "steps"):
-            if key in summary:
-                lines.append(f"- {key}: {summary[key]}")
-        return ModelCard("\n".join(lines) + "\n")
+        config = self.config
+        return ModelCard(
+            drafter_card(
+                HYDRA_TAGS,
+                f"Hydra-style heads for {config.base_model_name_or_path or 'their base model'}",
+                "medusa-lite Hydra-style heads: head k reads the target's hidden state and the k tokens drafted on "
+                "its path, so each depth knows what the depths before it guessed. Load with "
+                "`medusa_lite.load(model, heads=<this repo>)`.",
+                [f"heads: {config.num_heads}", f"draft vocabulary: {config.draft_vocab_size or 'full'}"],
+                config.training_summary,
+            )
+        )

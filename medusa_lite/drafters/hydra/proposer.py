@@ -21,6 +21,7 @@ import torch
 
 from medusa_lite.decoding.model import TargetOutput
 from medusa_lite.drafters.draft_vocab import DraftLMHead
+from medusa_lite.drafters.drafting import DraftingRun, bind_to_target, check_drafting_settings, depth_within
 from medusa_lite.drafters.growth import (
     candidate_count_limit,
     grow_by_confidence,
@@ -75,26 +76,14 @@ class HydraProposer(Proposer):
             raise GenerationInputError(
                 f"HydraProposer needs medusa_lite.drafters.hydra.heads.HydraHeads, got {type(self.heads).__name__}"
             )
-        for name in ("topk", "max_new_nodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise GenerationInputError(f"HydraProposer.{name} must be an integer >= 1, got {value!r}")
-        if self.depth is not None and (
-            isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0
-        ):
-            raise GenerationInputError(f"HydraProposer.depth must be None or an integer >= 0, got {self.depth!r}")
+        check_drafting_settings("HydraProposer", self.topk, self.max_new_nodes, self.depth, self.costs)
         if self.depth is not None and self.depth > self.heads.config.num_heads:
             raise GenerationInputError(
                 f"HydraProposer.depth {self.depth} is deeper than the heads ({self.heads.config.num_heads})"
             )
-        if self.costs is not None and not isinstance(self.costs, DynamicTree):
-            raise GenerationInputError(
-                f"HydraProposer.costs must be a DynamicTree (its row_costs) or None, got {type(self.costs).__name__}"
-            )
 
     def draft_depth(self, max_depth: int | None) -> int:
-        depth = self.heads.config.num_heads if self.depth is None else self.depth
-        return depth if max_depth is None else max(min(depth, max_depth), 0)
+        return depth_within(self.heads.config.num_heads if self.depth is None else self.depth, max_depth)
 
     def packed_rows(self) -> int:
         """The most rows one of its products takes while decoding: a depth's ``topk`` expanded nodes."""
@@ -106,47 +95,20 @@ class HydraProposer(Proposer):
 
     def begin(self, model, prompt, limits):
         check_hydra_fits(model, self.heads)
-        weight = model.base_model.get_output_embeddings().weight
-        parameter = next(self.heads.parameters())
-        if parameter.device != weight.device or parameter.dtype != weight.dtype:
-            self.heads.to(device=weight.device, dtype=weight.dtype)
-        costs = self.costs if self.costs is not None else (model.tree if isinstance(model.tree, DynamicTree) else None)
-        return HydraRun(self, model, costs)
+        return HydraRun(self, model, bind_to_target(self.heads, model, self.costs))
 
     def propose(self, step: StepContext) -> Candidates | None:
         raise GenerationInputError("HydraProposer is bound to a model per generation: generate() calls begin() first")
 
 
-class HydraRun(Proposer):
+class HydraRun(DraftingRun):
     """One generation's Hydra-style heads: bound to the target's embedding, projection and step costs."""
 
     name: ClassVar[str] = HYDRA_SOURCE
 
     def __init__(self, spec: HydraProposer, model, costs: DynamicTree | None):
-        self.spec = spec
+        super().__init__(spec, spec.heads, model, costs)
         self.heads = spec.heads.eval()
-        self.embed = model.base_model.get_input_embeddings()
-        base_lm_head = model.base_model.get_output_embeddings()
-        ids = self.heads.draft_token_ids
-        if ids is None:
-            self.lm_head = base_lm_head
-        else:
-            self.lm_head = spec.draft_lm_head if spec.draft_lm_head is not None else DraftLMHead(base_lm_head, ids)
-        self.costs = costs
-
-    def max_nodes(self, limits: StepLimits) -> int:
-        return self.spec.max_nodes(limits)
-
-    @property
-    def pricing(self) -> DynamicTree | None:
-        return self.costs
-
-    def expansion_price(self) -> float:
-        """Expected tokens one expansion must buy (0 unpriced): its measured share of the proposal's cost (about
-        one expansion per depth) at the policy's ``tokens_per_cost``."""
-        if self.costs is None:
-            return 0.0
-        return self.costs.tokens_per_cost * self.costs.proposal_cost / max(self.spec.draft_depth(None), 1)
 
     def grow(self, hidden: torch.Tensor, root: torch.Tensor, depth: int, expansion_price: float):
         """The candidates of one step: ``hidden`` [H] the target's last hidden state, ``root`` [1] the root token."""

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from medusa_lite.artifacts.base import ArtifactConfig
 from medusa_lite.errors import HeadsConfigError, HeadsFileError, TreeError
 from medusa_lite.trees.tree import validate_paths
 from medusa_lite.values import as_integer, as_real, describe
@@ -14,7 +16,7 @@ HEADS_WHAT = "Medusa heads"
 
 
 @dataclass
-class MedusaConfig:
+class MedusaConfig(ArtifactConfig):
     """Shape of a set of Medusa heads and the model they were trained for.
 
     ``use_base_lm_head=True`` (the default) makes every head reuse the target's frozen output
@@ -27,6 +29,8 @@ class MedusaConfig:
     ids (stored in the heads' ``draft_token_ids`` buffer), projecting with those D rows of the base
     lm_head only. It needs ``use_base_lm_head=True``: the rows it selects are the base model's.
     """
+
+    config_what: ClassVar[str] = "Medusa heads"
 
     num_heads: int
     hidden_size: int
@@ -70,18 +74,10 @@ class MedusaConfig:
             )
         check_training_summary(self.training_summary, self.num_heads)
 
-    @property
-    def guess_vocab_size(self) -> int:
-        """How many distinct tokens the heads can guess: the draft vocabulary's size, or the vocabulary's."""
-        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
-
     @classmethod
     def from_dict(cls, values: dict) -> MedusaConfig:
-        """Build a config from a dict, rejecting keys it does not know (typos are errors)."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise HeadsFileError(f"unknown key(s) in Medusa heads config: {unknown}; known keys: {sorted(known)}")
+        """Build a config from a dict, rejecting keys it does not know (typos are errors) and lacking required ones."""
+        values = cls.known_values(values)
         missing = sorted(
             f.name
             for f in dataclasses.fields(cls)

@@ -22,11 +22,10 @@ from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import ModelCard, PyTorchModelHubMixin
+from huggingface_hub import ModelCard
 from torch import nn
 
-from medusa_lite.artifacts.base import DRAFT_IDS_NAME, StrictArtifact
-from medusa_lite.artifacts.card import LIBRARY_NAME, PROJECT_URL
+from medusa_lite.artifacts.base import DRAFT_IDS_NAME, HubArtifact
 from medusa_lite.drafters.draft_vocab import DraftLMHead, draft_rows
 from medusa_lite.drafters.medusa.card import TAGS, model_card
 from medusa_lite.drafters.medusa.config import HEADS_WHAT, MedusaConfig
@@ -60,24 +59,18 @@ class MedusaHead(nn.Module):
         return self.blocks(hidden)
 
 
-def pass_through_fuse(hidden_size: int) -> nn.Linear:
-    """Linear [hidden; next-token embedding] (2H) -> H that starts as the identity on the hidden half."""
-    fuse = nn.Linear(2 * hidden_size, hidden_size)
+def path_reader(hidden_size: int, tokens: int) -> nn.Linear:
+    """Linear [h; ``tokens`` token embeddings] ((1 + tokens) H) -> H, starting as the identity on h (a head that
+    reads the next token, Hydra's head k reading its path of k)."""
+    layer = nn.Linear((1 + tokens) * hidden_size, hidden_size)
     with torch.no_grad():
-        fuse.weight.zero_()
-        fuse.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
-        fuse.bias.zero_()
-    return fuse
+        layer.weight.zero_()
+        layer.weight[:, :hidden_size].copy_(torch.eye(hidden_size))
+        layer.bias.zero_()
+    return layer
 
 
-class MedusaHeads(
-    StrictArtifact,
-    nn.Module,
-    PyTorchModelHubMixin,
-    library_name=LIBRARY_NAME,
-    tags=list(TAGS),
-    repo_url=PROJECT_URL,
-):
+class MedusaHeads(HubArtifact, tags=list(TAGS)):
     """K independent heads (each its own module: no weight sharing between heads).
 
     With a draft vocabulary, ``draft_token_ids`` (a persistent LongTensor buffer [D], saved and
@@ -94,7 +87,7 @@ class MedusaHeads(
         super().__init__()
         self.config = config
         self.heads = nn.ModuleList(MedusaHead(config) for _ in range(config.num_heads))
-        self.next_token_fuse = pass_through_fuse(config.hidden_size) if config.next_token_input else None
+        self.next_token_fuse = path_reader(config.hidden_size, 1) if config.next_token_input else None
         placeholder = None if config.draft_vocab_size is None else torch.arange(config.draft_vocab_size)
         self.register_buffer(DRAFT_IDS_NAME, placeholder, persistent=True)
 

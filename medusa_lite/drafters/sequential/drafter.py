@@ -36,35 +36,36 @@ rows of the earlier depths, exactly as decoding does along a drafted path.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
-from huggingface_hub import PyTorchModelHubMixin
 from torch import nn
 
-from medusa_lite.artifacts.base import DRAFT_IDS_NAME, StrictArtifact
+from medusa_lite.artifacts.base import DRAFT_IDS_NAME, ArtifactConfig, HubArtifact, check_draft_vocab_size
+from medusa_lite.artifacts.card import drafter_card
 from medusa_lite.drafters.draft_vocab import guess_logits
-from medusa_lite.errors import HeadsFileError
 
 # The ``kind`` a drafter's config.json records (Medusa heads' configs have no ``kind``).
 DRAFTER_KIND = "sequential-drafter"
 # How errors name what a folder or repo was meant to hold.
 DRAFTER_WHAT = "drafter"
+DRAFTER_TAGS = ("medusa-lite", "speculative-decoding", "eagle")
 DEFAULT_DRAFT_DEPTH = 4
 
 
 @dataclass
-class DrafterConfig:
+class DrafterConfig(ArtifactConfig):
     """Shape of a sequential drafter and the model it was trained for.
 
     Sizes default to the target's (see :meth:`for_model`). ``depth``: how many drafting depths
     training unrolled (decoding may draft as deep, no deeper). ``draft_vocab_size = D`` restricts
     guesses to the D ids of the ``draft_token_ids`` buffer, as for Medusa heads.
     """
+
+    config_what: ClassVar[str] = "drafter"
 
     hidden_size: int
     vocab_size: int
@@ -117,22 +118,11 @@ class DrafterConfig:
                     "DrafterConfig.feature_layers must be None or a non-empty list of distinct layer indices >= 0, "
                     f"got {layers!r}"
                 )
-        draft = self.draft_vocab_size
-        if draft is not None and (
-            not isinstance(draft, int) or isinstance(draft, bool) or not 1 <= draft <= self.vocab_size
-        ):
-            raise ValueError(
-                "DrafterConfig.draft_vocab_size must be None or an integer in [1, vocab_size = "
-                f"{self.vocab_size}], got {draft!r}"
-            )
+        check_draft_vocab_size("DrafterConfig", self.draft_vocab_size, self.vocab_size)
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
-
-    @property
-    def guess_vocab_size(self) -> int:
-        return self.vocab_size if self.draft_vocab_size is None else self.draft_vocab_size
 
     @property
     def feature_width(self) -> int:
@@ -159,14 +149,6 @@ class DrafterConfig:
             base_model_name_or_path=getattr(config, "_name_or_path", None) or None,
         )
         return cls(**{**values, **overrides})
-
-    @classmethod
-    def from_dict(cls, values: dict) -> DrafterConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise HeadsFileError(f"unknown key(s) in drafter config: {unknown}; known keys: {sorted(known)}")
-        return cls(**values)
 
 
 @functools.cache
@@ -200,14 +182,7 @@ class DrafterStep:
     values: torch.Tensor  # [..., kv_heads, n, head_dim]
 
 
-class SequentialDrafter(
-    StrictArtifact,
-    nn.Module,
-    PyTorchModelHubMixin,
-    library_name="medusa-lite",
-    tags=["medusa-lite", "speculative-decoding", "eagle"],
-    repo_url="https://github.com/medusa-lite/medusa-lite",
-):
+class SequentialDrafter(HubArtifact, tags=list(DRAFTER_TAGS)):
     """The drafter's weights (see the module docstring); decoding state lives outside it."""
 
     artifact_what: ClassVar[str] = DRAFTER_WHAT
@@ -303,25 +278,22 @@ class SequentialDrafter(
     def generate_model_card(self, *args, **kwargs):
         from huggingface_hub import ModelCard
 
-        summary = self.config.training_summary
-        lines = [
-            "---",
-            "library_name: medusa-lite",
-            "tags: [medusa-lite, speculative-decoding, eagle]",
-            "---",
-            f"# Sequential drafter for {self.config.base_model_name_or_path or 'its base model'}",
-            "",
-            "A medusa-lite sequential drafter (EAGLE-style: one decoder layer over [target feature, token embedding], "
-            "drafting depth d from its own depth d-1). Load with `medusa_lite.load(model, heads=<this repo>)`.",
-            "",
-            f"- depth trained: {self.config.depth}",
-            f"- draft vocabulary: {self.config.draft_vocab_size or 'full'}",
-            f"- target features read: {self.config.feature_layers or 'the final hidden state'}",
-        ]
-        for key in ("top1_accuracy", "chain_top1_accuracy", "data_records", "steps"):
-            if key in summary:
-                lines.append(f"- {key}: {summary[key]}")
-        return ModelCard("\n".join(lines) + "\n")
+        config = self.config
+        return ModelCard(
+            drafter_card(
+                DRAFTER_TAGS,
+                f"Sequential drafter for {config.base_model_name_or_path or 'its base model'}",
+                "A medusa-lite sequential drafter (EAGLE-style: one decoder layer over [target feature, token "
+                "embedding], drafting depth d from its own depth d-1). Load with "
+                "`medusa_lite.load(model, heads=<this repo>)`.",
+                [
+                    f"depth trained: {config.depth}",
+                    f"draft vocabulary: {config.draft_vocab_size or 'full'}",
+                    f"target features read: {config.feature_layers or 'the final hidden state'}",
+                ],
+                config.training_summary,
+            )
+        )
 
 
 # -- attention -----------------------------------------------------------------------------------
@@ -330,8 +302,8 @@ def masked_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
     Query head h reads key/value head h // (heads / kv_heads), as grouped-query attention does; the
     groups' queries are stacked [kv_heads, group * n, dim] so that one product serves each key head
-    (PyTorch's SDPA with grouped heads and a mask takes its generic path on CPU: 1.35x this time for a
-    drafted depth's 4 rows over 134 keys on a 2-core AVX2 EPYC).
+    (PyTorch's SDPA with grouped heads and a mask takes its slower generic path on CPU: docs/results.md,
+    "Measurements behind the code's choices").
     """
     heads, n, dim = q.shape
     kv_heads, m = keys.shape[0], keys.shape[1]

@@ -23,6 +23,7 @@ import torch
 
 from medusa_lite.decoding.model import TargetOutput, hidden_state_count
 from medusa_lite.drafters.draft_vocab import DraftLMHead
+from medusa_lite.drafters.drafting import DraftingRun, bind_to_target, check_drafting_settings, depth_within
 from medusa_lite.drafters.growth import (
     DrafterCache,
     RootDraft,
@@ -93,25 +94,10 @@ class SequentialDrafterProposer(Proposer):
                 "SequentialDrafterProposer needs a medusa_lite.drafters.sequential.drafter.SequentialDrafter, got "
                 f"{type(self.drafter).__name__}"
             )
-        for name in ("topk", "max_new_nodes"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise GenerationInputError(f"SequentialDrafterProposer.{name} must be an integer >= 1, got {value!r}")
-        if self.depth is not None and (
-            isinstance(self.depth, bool) or not isinstance(self.depth, int) or self.depth < 0
-        ):
-            raise GenerationInputError(
-                f"SequentialDrafterProposer.depth must be None or an integer >= 0, got {self.depth!r}"
-            )
-        if self.costs is not None and not isinstance(self.costs, DynamicTree):
-            raise GenerationInputError(
-                "SequentialDrafterProposer.costs must be a DynamicTree (its row_costs) or None, got "
-                f"{type(self.costs).__name__}"
-            )
+        check_drafting_settings("SequentialDrafterProposer", self.topk, self.max_new_nodes, self.depth, self.costs)
 
     def draft_depth(self, max_depth: int | None) -> int:
-        depth = self.drafter.config.depth if self.depth is None else self.depth
-        return depth if max_depth is None else max(min(depth, max_depth), 0)
+        return depth_within(self.drafter.config.depth if self.depth is None else self.depth, max_depth)
 
     def packed_rows(self) -> int:
         """The most rows one of its forwards takes while decoding: a depth's ``topk`` expanded nodes, or the pairs
@@ -128,14 +114,7 @@ class SequentialDrafterProposer(Proposer):
 
     def begin(self, model, prompt, limits):
         check_drafter_fits(model, self.drafter)
-        parameter = model.base_model.get_output_embeddings().weight
-        if (
-            next(self.drafter.parameters()).device != parameter.device
-            or next(self.drafter.parameters()).dtype != parameter.dtype
-        ):
-            self.drafter.to(device=parameter.device, dtype=parameter.dtype)
-        costs = self.costs if self.costs is not None else (model.tree if isinstance(model.tree, DynamicTree) else None)
-        return DrafterRun(self, model, costs)
+        return DrafterRun(self, model, bind_to_target(self.drafter, model, self.costs))
 
     def propose(self, step: StepContext) -> Candidates | None:
         raise GenerationInputError(
@@ -143,39 +122,17 @@ class SequentialDrafterProposer(Proposer):
         )
 
 
-class DrafterRun(Proposer):
+class DrafterRun(DraftingRun):
     """One generation's drafter: its KV cache of committed pairs and the last pair's output."""
 
     name: ClassVar[str] = DRAFTER_SOURCE
 
     def __init__(self, spec: SequentialDrafterProposer, model, costs: DynamicTree | None):
-        self.spec = spec
+        super().__init__(spec, spec.drafter, model, costs)
         self.drafter = spec.drafter.eval()
-        self.embed = model.base_model.get_input_embeddings()
-        base_lm_head = model.base_model.get_output_embeddings()
-        ids = self.drafter.draft_token_ids
-        if ids is None:
-            self.lm_head = base_lm_head
-        else:
-            self.lm_head = spec.draft_lm_head if spec.draft_lm_head is not None else DraftLMHead(base_lm_head, ids)
-        self.costs = costs
-        weight = base_lm_head.weight
+        weight = model.base_model.get_output_embeddings().weight
         self.cache = DrafterCache.empty(self.drafter, weight.device, weight.dtype)
         self.root: RootDraft | None = None
-
-    def max_nodes(self, limits: StepLimits) -> int:
-        return self.spec.max_nodes(limits)
-
-    @property
-    def pricing(self) -> DynamicTree | None:
-        return self.costs
-
-    def expansion_price(self) -> float:
-        """Expected tokens one drafter forward must buy (0 unpriced): its measured share of the proposal's cost
-        (about one forward per depth) at the policy's ``tokens_per_cost``."""
-        if self.costs is None:
-            return 0.0
-        return self.costs.tokens_per_cost * self.costs.proposal_cost / max(self.spec.draft_depth(None), 1)
 
     @property
     def feature_layers(self) -> tuple[int, ...]:
