@@ -2,7 +2,7 @@
 # One lent H200, one command (< 10 minutes of device time): self-distil more SmolLM2-135M-Instruct
 # data on the GPU, then train the sequential drafter (configs/smollm2_drafter.yaml) on it plus the
 # data already in data/self_distill/, on the GPU. Prepared in the issue-19 session (no GPU lent
-# then): NOT YET RUN on a GPU; the CPU pieces it calls are tested (tests/test_train_drafter.py).
+# then): NOT YET RUN on a GPU; the CPU pieces it calls are tested (tests/training/test_train_drafter.py).
 #
 # As in experiments/gpu_h200_selfdistill.sh (read benchmarks/gpu_h200_selfdistill/README.md first), the machine reaches no
 # network: the default model's GGUF file (98 MB, over the 64 MiB a call may carry) travels in two

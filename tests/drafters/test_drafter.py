@@ -21,7 +21,7 @@ from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, DrafterConfig,
 from medusa_lite.errors import HeadsFileError
 from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_features
 from medusa_lite.training.objective import LossSettings
-from tests.tiny_models import FAMILIES, tiny_base_model
+from tiny_models import FAMILIES, tiny_base_model
 
 
 def random_drafter(

@@ -26,7 +26,7 @@ import medusa_lite
 import medusa_lite.artifacts.loading
 from medusa_lite import MedusaModel
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FENCE = re.compile(
     r"^(?P<indent>[ \t]*)```(?P<info>[^\n`]*)\n(?P<code>.*?)^(?P=indent)```[ \t]*$", re.MULTILINE | re.DOTALL
 )

@@ -33,7 +33,7 @@ from medusa_lite.errors import AdapterError
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME
 from medusa_lite.trees.tree import Tree
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "hf_loopback_test_token"
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 SUMMARY = {

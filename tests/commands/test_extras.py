@@ -13,8 +13,8 @@ import pytest
 
 from medusa_lite.extras import EXTRA_OF_PACKAGE, MissingExtraError, install_command, require_extra
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-TESTS = Path(__file__).resolve().parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TESTS = Path(__file__).resolve().parents[1]
 
 # Run first in the child: from then on the optional packages cannot be found, exactly as if they
 # were not installed (the path finder is replaced by one that does not see them).

@@ -157,7 +157,7 @@ def test_installed_package_runs_its_subcommands(tmp_path):
 def test_no_test_touches_sys_path_or_imports_another_test_module():
     """Tests import the package, and share helpers through helper modules (not through each other)."""
     offenders = []
-    for path in sorted((REPO_ROOT / "tests").glob("*.py")):
+    for path in sorted((REPO_ROOT / "tests").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys":
                 offenders.append(f"{path.name}:{node.lineno} uses sys.path")
@@ -165,3 +165,12 @@ def test_no_test_touches_sys_path_or_imports_another_test_module():
             names += [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
             offenders += [f"{path.name}:{node.lineno} imports {name}" for name in names if name.startswith("test_")]
     assert offenders == []
+
+
+def test_tests_are_laid_out_by_subpackage():
+    """Each test file sits in the folder of the part it tests; tests/ itself holds only the shared helpers."""
+    tests = REPO_ROOT / "tests"
+    assert sorted(path.name for path in tests.glob("test_*.py")) == []
+    folders = {path.parent.name for path in tests.rglob("test_*.py")}
+    package_parts = {path.name for path in (REPO_ROOT / "medusa_lite").iterdir() if (path / "__init__.py").exists()}
+    assert folders - package_parts <= {"reliability", "project"}, folders - package_parts

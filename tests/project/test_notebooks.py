@@ -9,7 +9,7 @@ import pytest
 from nbclient import NotebookClient
 from tiny_checkpoint import save_tiny_checkpoint
 
-NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 TIMEOUT_SECONDS = 300
 
 

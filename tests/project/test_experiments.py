@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-EXPERIMENTS = Path(__file__).resolve().parent.parent / "experiments"
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
 SCRIPTS = sorted(path.stem for path in EXPERIMENTS.glob("*.py"))
 
 
