@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from tiny_models import FAMILIES, tiny_base_model
 
 from medusa_lite.artifacts.base import config_kind
 from medusa_lite.drafters.growth import (
@@ -21,7 +22,6 @@ from medusa_lite.drafters.sequential.drafter import DRAFTER_KIND, DrafterConfig,
 from medusa_lite.errors import HeadsFileError
 from medusa_lite.training.drafter_objective import DrafterObjective, unrolled_features
 from medusa_lite.training.objective import LossSettings
-from tiny_models import FAMILIES, tiny_base_model
 
 
 def random_drafter(
