@@ -1,15 +1,27 @@
 """What the drafters that grow their own trees share as proposers (Hydra-style heads, the sequential drafter):
-their settings' checks, binding to the target for a generation, and one generation's run: the target's
-embedding and (draft-vocabulary) projection, and the step costs that price each expansion."""
+their settings and their checks (:class:`DraftingProposer`), binding to the target for a generation, and one
+generation's run: the target's embedding and (draft-vocabulary) projection, and the step costs that price each
+expansion."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from medusa_lite.drafters.draft_vocab import DraftLMHead
-from medusa_lite.errors import GenerationInputError
-from medusa_lite.proposers.base import Proposer, StepLimits
+from medusa_lite.drafters.growth import candidate_count_limit
+from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
+from medusa_lite.proposers.base import Candidates, Proposer, StepContext, StepLimits
 from medusa_lite.trees.dynamic_tree import DynamicTree
+
+# Children offered per expanded node, and nodes expanded per depth (EAGLE-2's top_k; it uses 10
+# on a GPU, where rows are nearly free; on a CPU each row costs, so fewer, likelier ones).
+DEFAULT_DRAFTING_TOPK = 4
+# Most nodes a drafter adds per step (before any cost-based cut).
+DEFAULT_DRAFTING_NODES = 12
 
 
 def check_drafting_settings(owner: str, topk, max_new_nodes, depth, costs) -> None:
@@ -23,6 +35,17 @@ def check_drafting_settings(owner: str, topk, max_new_nodes, depth, costs) -> No
     if costs is not None and not isinstance(costs, DynamicTree):
         raise GenerationInputError(
             f"{owner}.costs must be a DynamicTree (its row_costs) or None, got {type(costs).__name__}"
+        )
+
+
+def check_sizes_fit(model, config, what: str) -> None:
+    """Raise :class:`IncompatibleHeadsError` unless ``config`` (a drafter's) has the target's hidden and vocab sizes;
+    ``what`` names the drafter in the message ("the drafter", "the Hydra-style heads")."""
+    hidden = model.base_model.get_input_embeddings().weight.shape[1]
+    if config.hidden_size != hidden or config.vocab_size != model.vocab_size:
+        raise IncompatibleHeadsError(
+            f"{what}: made for hidden size {config.hidden_size} and vocab size {config.vocab_size}, but the model "
+            f"has {hidden} and {model.vocab_size}: trained for another model ({config.base_model_name_or_path!r})"
         )
 
 
@@ -69,3 +92,66 @@ class DraftingRun(Proposer):
         if self.costs is None:
             return 0.0
         return self.costs.tokens_per_cost * self.costs.proposal_cost / max(self.spec.draft_depth(None), 1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DraftingProposer(Proposer):
+    """The settings of a drafter that grows its own tree each step; a kind's proposer adds its module as its one
+        positional field (named by ``module_field``) and says in class variables how deep it drafts, how it is checked
+    against a target and what one generation's run is.
+
+        ``topk``: children offered per expanded node, and nodes expanded per depth. ``max_new_nodes``: most nodes a
+        step adds. ``depth`` None: as deep as the module was trained to draft. ``costs``: the policy whose
+        ``row_costs`` and ``tokens_per_cost`` size each step; None: ``model.tree`` when that is a
+        :class:`DynamicTree`, else every step adds up to ``max_new_nodes``. ``draft_lm_head``: the target lm_head's
+        rows of the module's draft vocabulary, gathered (and packed for few rows) once by ``load``; None: gathered
+        per generation.
+    """
+
+    topk: int = DEFAULT_DRAFTING_TOPK
+    max_new_nodes: int = DEFAULT_DRAFTING_NODES
+    depth: int | None = None
+    costs: DynamicTree | None = None
+    draft_lm_head: DraftLMHead | None = None
+    module_class: ClassVar[type]
+    module_field: ClassVar[str]
+    module_what: ClassVar[str]  # what errors call the module, e.g. "the heads"
+    depth_setting: ClassVar[str]  # the module config's field of the depth it drafts when ``depth`` is None
+    depth_is_fixed: ClassVar[bool]  # it cannot draft deeper than that (one head per depth)
+    check_fits: ClassVar[Callable]  # (model, module): raise IncompatibleHeadsError when made for another target
+    run_class: ClassVar[type]  # (proposer, model, costs) -> one generation's run, bound to the model
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return getattr(self, self.module_field)
+
+    def __post_init__(self) -> None:
+        owner, wanted = type(self).__name__, self.module_class
+        if not isinstance(self.module, wanted):
+            raise GenerationInputError(
+                f"{owner} needs {wanted.__module__}.{wanted.__name__}, got {type(self.module).__name__}"
+            )
+        check_drafting_settings(owner, self.topk, self.max_new_nodes, self.depth, self.costs)
+        deepest = self.trained_depth()
+        if self.depth is not None and self.depth_is_fixed and self.depth > deepest:
+            raise GenerationInputError(f"{owner}.depth {self.depth} is deeper than {self.module_what} ({deepest})")
+
+    def trained_depth(self) -> int:
+        """How deep the module drafts when ``depth`` is None."""
+        return getattr(self.module.config, self.depth_setting)
+
+    def draft_depth(self, max_depth: int | None) -> int:
+        return depth_within(self.trained_depth() if self.depth is None else self.depth, max_depth)
+
+    def max_nodes(self, limits: StepLimits) -> int:
+        topk = min(self.topk, self.module.config.guess_vocab_size)
+        return min(self.max_new_nodes, candidate_count_limit(topk, self.draft_depth(limits.max_depth)))
+
+    def begin(self, model, prompt, limits):
+        self.check_fits(model, self.module)
+        return self.run_class(self, model, bind_to_target(self.module, model, self.costs))
+
+    def propose(self, step: StepContext) -> Candidates | None:
+        raise GenerationInputError(
+            f"{type(self).__name__} is bound to a model per generation: generate() calls begin() first"
+        )

@@ -14,91 +14,38 @@ for deterministic candidates keeps greedy output identical to the target's and s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from medusa_lite.decoding.model import TargetOutput
-from medusa_lite.drafters.draft_vocab import DraftLMHead
-from medusa_lite.drafters.drafting import DraftingRun, bind_to_target, check_drafting_settings, depth_within
+from medusa_lite.drafters.drafting import (
+    DEFAULT_DRAFTING_NODES,
+    DEFAULT_DRAFTING_TOPK,
+    DraftingProposer,
+    DraftingRun,
+    check_sizes_fit,
+)
 from medusa_lite.drafters.growth import (
-    candidate_count_limit,
     grow_by_confidence,
     path_tokens,
     proposal_by_cost,
     ranked_nodes,
 )
 from medusa_lite.drafters.hydra.heads import HydraHeads
-from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
-from medusa_lite.proposers.base import Candidates, Proposer, StepContext, StepLimits
+from medusa_lite.proposers.base import Candidates, StepContext
 from medusa_lite.trees.costs import Proposal
 from medusa_lite.trees.dynamic_tree import DynamicTree
 
-# Children offered per expanded node, and nodes expanded per depth (as the sequential drafter's).
-DEFAULT_HYDRA_TOPK = 4
-# Most nodes the heads add per step (before any cost-based cut).
-DEFAULT_HYDRA_NODES = 12
+DEFAULT_HYDRA_TOPK = DEFAULT_DRAFTING_TOPK
+DEFAULT_HYDRA_NODES = DEFAULT_DRAFTING_NODES
 HYDRA_SOURCE = "hydra"
 
 
 def check_hydra_fits(model, heads: HydraHeads) -> None:
-    hidden = model.base_model.get_input_embeddings().weight.shape[1]
-    config = heads.config
-    if config.hidden_size != hidden or config.vocab_size != model.vocab_size:
-        raise IncompatibleHeadsError(
-            f"the Hydra-style heads expect hidden size {config.hidden_size} and vocab size {config.vocab_size}, "
-            f"but the model has {hidden} and {model.vocab_size}: they were trained for another model "
-            f"({config.base_model_name_or_path!r})"
-        )
-
-
-@dataclass(frozen=True)
-class HydraProposer(Proposer):
-    """Guesses from :class:`~medusa_lite.drafters.hydra.heads.HydraHeads` (see the module docstring).
-
-    ``depth`` None: every head. ``costs``: the policy whose ``row_costs`` and ``tokens_per_cost``
-    size each step; None: ``model.tree`` when that is a :class:`DynamicTree`, else every step adds
-    up to ``max_new_nodes``. ``draft_lm_head``: the target lm_head's rows of the heads' draft
-    vocabulary, gathered (and packed for few rows) once by ``load``; None: gathered per generation.
-    """
-
-    heads: HydraHeads
-    topk: int = DEFAULT_HYDRA_TOPK
-    max_new_nodes: int = DEFAULT_HYDRA_NODES
-    depth: int | None = None
-    costs: DynamicTree | None = None
-    draft_lm_head: DraftLMHead | None = None
-    name: ClassVar[str] = HYDRA_SOURCE
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.heads, HydraHeads):
-            raise GenerationInputError(
-                f"HydraProposer needs medusa_lite.drafters.hydra.heads.HydraHeads, got {type(self.heads).__name__}"
-            )
-        check_drafting_settings("HydraProposer", self.topk, self.max_new_nodes, self.depth, self.costs)
-        if self.depth is not None and self.depth > self.heads.config.num_heads:
-            raise GenerationInputError(
-                f"HydraProposer.depth {self.depth} is deeper than the heads ({self.heads.config.num_heads})"
-            )
-
-    def draft_depth(self, max_depth: int | None) -> int:
-        return depth_within(self.heads.config.num_heads if self.depth is None else self.depth, max_depth)
-
-    def packed_rows(self) -> int:
-        """The most rows one of its products takes while decoding: a depth's ``topk`` expanded nodes."""
-        return self.topk
-
-    def max_nodes(self, limits: StepLimits) -> int:
-        topk = min(self.topk, self.heads.config.guess_vocab_size)
-        return min(self.max_new_nodes, candidate_count_limit(topk, self.draft_depth(limits.max_depth)))
-
-    def begin(self, model, prompt, limits):
-        check_hydra_fits(model, self.heads)
-        return HydraRun(self, model, bind_to_target(self.heads, model, self.costs))
-
-    def propose(self, step: StepContext) -> Candidates | None:
-        raise GenerationInputError("HydraProposer is bound to a model per generation: generate() calls begin() first")
+    check_sizes_fit(model, heads.config, "the Hydra-style heads")
 
 
 class HydraRun(DraftingRun):
@@ -137,6 +84,26 @@ class HydraRun(DraftingRun):
             return None
         candidates = self.grow(step.hidden, step.root, depth, self.expansion_price())
         return proposal_by_cost(candidates, step, self.costs, HYDRA_SOURCE)
+
+
+@dataclass(frozen=True)
+class HydraProposer(DraftingProposer):
+    """Guesses from :class:`~medusa_lite.drafters.hydra.heads.HydraHeads` (see the module docstring); the
+    settings are :class:`~medusa_lite.drafters.drafting.DraftingProposer`'s (``depth`` None: every head)."""
+
+    heads: HydraHeads
+    name: ClassVar[str] = HYDRA_SOURCE
+    module_class: ClassVar[type] = HydraHeads
+    module_field: ClassVar[str] = "heads"
+    module_what: ClassVar[str] = "the heads"
+    depth_setting: ClassVar[str] = "num_heads"
+    depth_is_fixed: ClassVar[bool] = True
+    check_fits: ClassVar[Callable] = staticmethod(check_hydra_fits)
+    run_class: ClassVar[type] = HydraRun
+
+    def packed_rows(self) -> int:
+        """The most rows one of its products takes while decoding: a depth's ``topk`` expanded nodes."""
+        return self.topk
 
 
 def hydra_proposal(spec: HydraProposer, model) -> Proposal:

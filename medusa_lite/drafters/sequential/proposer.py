@@ -16,18 +16,23 @@ candidates keeps greedy output identical to the target's and sampling exact.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from medusa_lite.decoding.model import TargetOutput, hidden_state_count
-from medusa_lite.drafters.draft_vocab import DraftLMHead
-from medusa_lite.drafters.drafting import DraftingRun, bind_to_target, check_drafting_settings, depth_within
+from medusa_lite.drafters.drafting import (
+    DEFAULT_DRAFTING_NODES,
+    DEFAULT_DRAFTING_TOPK,
+    DraftingProposer,
+    DraftingRun,
+    check_sizes_fit,
+)
 from medusa_lite.drafters.growth import (
     DrafterCache,
     RootDraft,
-    candidate_count_limit,
     commit_pairs,
     grow_candidates,
     proposal_by_cost,
@@ -35,15 +40,12 @@ from medusa_lite.drafters.growth import (
 )
 from medusa_lite.drafters.sequential.drafter import SequentialDrafter
 from medusa_lite.errors import GenerationInputError, IncompatibleHeadsError
-from medusa_lite.proposers.base import Candidates, Proposer, StepContext, StepLimits, TargetStates
+from medusa_lite.proposers.base import Candidates, StepContext, TargetStates
 from medusa_lite.trees.costs import Proposal
 from medusa_lite.trees.dynamic_tree import DynamicTree
 
-# Children offered per expanded node, and nodes expanded per depth (EAGLE-2's top_k; it uses 10
-# on a GPU, where rows are nearly free; on a CPU each row costs, so fewer, likelier ones).
-DEFAULT_DRAFTER_TOPK = 4
-# Most nodes the drafter adds per step (before any cost-based cut).
-DEFAULT_DRAFTER_NODES = 12
+DEFAULT_DRAFTER_TOPK = DEFAULT_DRAFTING_TOPK
+DEFAULT_DRAFTER_NODES = DEFAULT_DRAFTING_NODES
 DRAFTER_SOURCE = "drafter"
 # Tokens a step commits in a typical step (bonus token included): what calibration has the drafter
 # take in before drafting, as each step begins by appending the newly committed pairs.
@@ -51,74 +53,14 @@ CALIBRATION_TAKE_IN = 3
 
 
 def check_drafter_fits(model, drafter: SequentialDrafter) -> None:
-    hidden = model.base_model.get_input_embeddings().weight.shape[1]
+    check_sizes_fit(model, drafter.config, "the drafter")
     config = drafter.config
-    if config.hidden_size != hidden or config.vocab_size != model.vocab_size:
-        raise IncompatibleHeadsError(
-            f"the drafter expects hidden size {config.hidden_size} and vocab size "
-            f"{config.vocab_size}, but the model has "
-            f"{hidden} and {model.vocab_size}: it was trained for another model "
-            f"({config.base_model_name_or_path!r})"
-        )
     states = hidden_state_count(model.base_model)
     if config.feature_layers is not None and max(config.feature_layers) >= states:
         raise IncompatibleHeadsError(
             f"the drafter reads the target's layers {config.feature_layers}, but the model has only "
             f"{states} hidden states (indices 0..{states - 1}): it was trained for another model "
             f"({config.base_model_name_or_path!r})"
-        )
-
-
-@dataclass(frozen=True)
-class SequentialDrafterProposer(Proposer):
-    """Guesses from a :class:`~medusa_lite.drafters.sequential.drafter.SequentialDrafter` (see the module docstring).
-
-    ``depth`` None: the depth the drafter was trained to draft. ``costs``: the policy whose
-    ``row_costs`` and ``tokens_per_cost`` size each step; None: ``model.tree`` when that is a
-    :class:`DynamicTree` (its tree.json), else every step uses ``max_new_nodes``.
-    ``draft_lm_head``: the target lm_head's rows of the drafter's draft vocabulary, gathered (and
-    packed for few rows) once by ``load``; None: gathered at the start of each generation.
-    """
-
-    drafter: SequentialDrafter
-    topk: int = DEFAULT_DRAFTER_TOPK
-    max_new_nodes: int = DEFAULT_DRAFTER_NODES
-    depth: int | None = None
-    costs: DynamicTree | None = None
-    draft_lm_head: DraftLMHead | None = None
-    name: ClassVar[str] = DRAFTER_SOURCE
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.drafter, SequentialDrafter):
-            raise GenerationInputError(
-                "SequentialDrafterProposer needs a medusa_lite.drafters.sequential.drafter.SequentialDrafter, got "
-                f"{type(self.drafter).__name__}"
-            )
-        check_drafting_settings("SequentialDrafterProposer", self.topk, self.max_new_nodes, self.depth, self.costs)
-
-    def draft_depth(self, max_depth: int | None) -> int:
-        return depth_within(self.drafter.config.depth if self.depth is None else self.depth, max_depth)
-
-    def packed_rows(self) -> int:
-        """The most rows one of its forwards takes while decoding: a depth's ``topk`` expanded nodes, or the pairs
-        one step commits (up to ``depth + 1``)."""
-        return max(self.topk, self.draft_depth(None) + 1)
-
-    def max_nodes(self, limits: StepLimits) -> int:
-        return min(
-            self.max_new_nodes,
-            candidate_count_limit(
-                min(self.topk, self.drafter.config.guess_vocab_size), self.draft_depth(limits.max_depth)
-            ),
-        )
-
-    def begin(self, model, prompt, limits):
-        check_drafter_fits(model, self.drafter)
-        return DrafterRun(self, model, bind_to_target(self.drafter, model, self.costs))
-
-    def propose(self, step: StepContext) -> Candidates | None:
-        raise GenerationInputError(
-            "SequentialDrafterProposer keeps a cache per generation: generate() calls begin() first"
         )
 
 
@@ -170,6 +112,28 @@ class DrafterRun(DraftingRun):
             self.expansion_price(),
         )
         return proposal_by_cost(candidates, step, self.costs, DRAFTER_SOURCE)
+
+
+@dataclass(frozen=True)
+class SequentialDrafterProposer(DraftingProposer):
+    """Guesses from a :class:`~medusa_lite.drafters.sequential.drafter.SequentialDrafter` (see the module docstring);
+    the settings are :class:`~medusa_lite.drafters.drafting.DraftingProposer`'s (``depth`` None: the depth the
+    drafter was trained to draft; it may draft deeper). Each generation keeps the drafter's own cache."""
+
+    drafter: SequentialDrafter
+    name: ClassVar[str] = DRAFTER_SOURCE
+    module_class: ClassVar[type] = SequentialDrafter
+    module_field: ClassVar[str] = "drafter"
+    module_what: ClassVar[str] = "the drafter"
+    depth_setting: ClassVar[str] = "depth"
+    depth_is_fixed: ClassVar[bool] = False
+    check_fits: ClassVar[Callable] = staticmethod(check_drafter_fits)
+    run_class: ClassVar[type] = DrafterRun
+
+    def packed_rows(self) -> int:
+        """The most rows one of its forwards takes while decoding: a depth's ``topk`` expanded nodes, or the pairs
+        one step commits (up to ``depth + 1``)."""
+        return max(self.topk, self.draft_depth(None) + 1)
 
 
 def drafter_proposal(spec: SequentialDrafterProposer, model) -> Proposal:
