@@ -34,6 +34,7 @@ from medusa_lite.decoding.inputs import (
     eos_ids,
 )
 from medusa_lite.decoding.model import MedusaModel, TargetOutput, check_tree_attention_supported
+from medusa_lite.decoding.options import ScoreOptions, first_stop, processed_scores, score_processors, stop_criteria
 from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
 from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
 from medusa_lite.drafters.medusa.proposer import (
@@ -269,6 +270,15 @@ def generate(
     streamer=None,
     generator: torch.Generator | None = None,
     attention_mask: torch.Tensor | None = None,
+    repetition_penalty: float | None = None,
+    no_repeat_ngram_size: int | None = None,
+    min_new_tokens: int | None = None,
+    bad_words_ids: Sequence[Sequence[int]] | None = None,
+    stop_strings: str | Sequence[str] | None = None,
+    tokenizer=None,
+    max_time: float | None = None,
+    logits_processor=None,
+    stopping_criteria=None,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with exact speculative decoding.
 
@@ -290,6 +300,13 @@ def generate(
     own mode restored after. Every argument is checked by :mod:`medusa_lite.decoding.inputs`. Where the
     heads' tree is dynamic (it knows this machine's step costs), speculation pauses while it does
     not pay (:class:`~medusa_lite.trees.dynamic_tree.SpeculationGate`).
+
+    ``model.generate``'s options, under its names and with its meaning, applied exactly
+    (:mod:`medusa_lite.decoding.options`: each draft node's logits processed with that node's own
+    prefix): ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words_ids``,
+    ``logits_processor`` (transformers ``LogitsProcessor`` s, after those), ``stop_strings`` (with
+    ``tokenizer``), ``max_time`` (seconds) and ``stopping_criteria``. To call medusa-lite exactly as
+    ``model.generate`` is called (a ``GenerationConfig``, its return value), use :meth:`MedusaModel.generate`.
     """
     settings = SamplingSettings(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
@@ -299,6 +316,20 @@ def generate(
     check_token_ids(prompt, model.vocab_size)
     check_context(prompt.numel(), max_new_tokens, context_limit(model))
     eos = eos_ids(eos_token_id, model)
+    scoring = ScoreOptions(
+        score_processors(
+            prompt.numel(),
+            eos,
+            repetition_penalty=repetition_penalty,
+            no_repeat_ngram_size=no_repeat_ngram_size,
+            min_new_tokens=min_new_tokens,
+            bad_words_ids=bad_words_ids,
+            logits_processor=logits_processor,
+        ),
+        stop_criteria(
+            stop_strings=stop_strings, tokenizer=tokenizer, max_time=max_time, stopping_criteria=stopping_criteria
+        ),
+    )
     check_generator(generator, model.device)
     check_streamer(streamer)
     running, budgets = start(proposers, model, prompt, max_new_tokens - 1)
@@ -309,10 +340,17 @@ def generate(
         streamer.put(prompt[None].cpu())
     history = prompt  # prompt + committed tokens: where the lookups search
 
-    def commit(tokens: torch.Tensor) -> bool:
-        """Append accepted tokens; True when generation is finished."""
+    def scores_at(draft: DraftTree, logits: torch.Tensor) -> torch.Tensor:
+        """The scores every node's token is picked from: its logits, processed with its own prefix when asked."""
+        return processed_scores(scoring.processors, history, draft, logits) if scoring.processes else logits
+
+    def commit(tokens: torch.Tensor, scores: torch.Tensor) -> bool:
+        """Append accepted tokens (``scores``: each one's row it was picked from); True when generation is finished."""
         nonlocal history
         tokens, hit_eos = cut_at_eos(tokens, eos)
+        if scoring.stops:
+            stop = first_stop(scoring.criteria, history, tokens, scores)
+            tokens, hit_eos = (tokens, hit_eos) if stop is None else (tokens[: stop + 1], True)
         history = torch.cat([history, tokens])
         stats.new_tokens += tokens.numel()
         if streamer is not None:
@@ -327,11 +365,12 @@ def generate(
         # over a long prompt would otherwise cost more than several decoding steps.
         prefill = model.target_forward(prompt[None], cache=cache, use_cache=True, logits_to_keep=1)
         stats.target_calls += 1
-        root = pick_tokens(prefill.logits[0, -1:], settings, generator)
+        prefill_scores = scores_at(root_draft(prompt[-1]), prefill.logits[0, -1:])  # history is the prompt
+        root = pick_tokens(prefill_scores, settings, generator)
         layers = sorted({layer for proposer in running for layer in proposer.feature_layers})
         unseen = TargetStates.of(prefill.select(0), layers)  # what the proposers have not been shown yet
         hidden = unseen.final[-1]
-        finished = commit(root)
+        finished = commit(root, prefill_scores)
 
     pricing = next((p.pricing for p in running if p.pricing is not None), None)  # this machine's step costs
     gate = SpeculationGate()
@@ -346,7 +385,8 @@ def generate(
         sides = [proposer.side_rows(replace(step, draft=draft)) if speculates else None for proposer in running]
         verified, side_logits = verify_draft_and_side_rows(model, cache, draft, sides)
         stats.target_calls += 1
-        path, root = accept(draft, verified.logits, settings, generator)
+        scores = scores_at(draft, verified.logits)
+        path, root = accept(draft, scores, settings, generator)
         keep_accepted_in_cache(cache, prefix_len, path)
         unseen = unseen.then(TargetStates.of(verified, layers, path))
         hidden = unseen.final[-1]
@@ -357,7 +397,7 @@ def generate(
         if pricing is not None:
             gate = gate_after_step(gate, pricing, speculates, draft, path, room)
             stats.plain_steps += not speculates
-        finished = commit(accepted)
+        finished = commit(accepted, scores[path])
 
     sequences = history[None]
     if streamer is not None:

@@ -308,6 +308,30 @@ class MedusaModel(nn.Module):
         ranked = logits.topk(k, dim=-1)
         return self.heads.guess_ids(ranked.indices), ranked.values
 
+    def generate(
+        self,
+        inputs=None,
+        generation_config=None,
+        logits_processor=None,
+        stopping_criteria=None,
+        streamer=None,
+        **kwargs,
+    ):
+        """``model.generate``'s call and return value, decoded with exact speculative decoding.
+
+        Takes what ``base_model.generate`` takes (a ``GenerationConfig``, keyword options, ``**inputs``)
+        and returns what it returns (the sequences, or a ``GenerateDecoderOnlyOutput`` with
+        ``return_dict_in_generate=True``); options it cannot apply exactly are refused by name
+        (:mod:`medusa_lite.decoding.drop_in`).
+        """
+        from medusa_lite.decoding.drop_in import (
+            generate_like_transformers,
+        )  # the loop reads this model: imported when called
+
+        return generate_like_transformers(
+            self, inputs, generation_config, logits_processor, stopping_criteria, streamer, **kwargs
+        )
+
     def forward(self, input_ids: torch.Tensor, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Base logits [B, T, V] and head logits [B, T, K, G] from one forward (G: see :meth:`head_logits`).
 
