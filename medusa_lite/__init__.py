@@ -5,7 +5,7 @@ The public API is what ``__all__`` names: ``load`` and ``generate``, the target 
 errors. Everything else (a subpackage's other names) is internal and may change between releases.
 """
 
-from medusa_lite.artifacts.loading import load
+from medusa_lite.artifacts.loading import attach, load
 from medusa_lite.decoding.generate import GenerationOutput, GenerationStats, generate
 from medusa_lite.decoding.model import MedusaModel
 from medusa_lite.decoding.sampling import SamplingSettings, logits_to_probs
@@ -93,6 +93,7 @@ __all__ = [
     "Tree",
     "TreeError",
     "UnsupportedModelError",
+    "attach",
     "best_tree",
     "default_tree",
     "generate",

@@ -22,6 +22,7 @@ from pathlib import Path
 from huggingface_hub import CommitOperationAdd, HfApi
 
 from medusa_lite.artifacts.base import CONFIG_NAME, WEIGHTS_NAME
+from medusa_lite.artifacts.custom_generate import custom_generate_files
 from medusa_lite.artifacts.files import ADAPTER_FILES, CARD_NAME, TREE_FILE_NAME, artifact_files, find_adapter
 from medusa_lite.artifacts.loading import read_artifact, read_tree_file
 from medusa_lite.artifacts.resolve import resolve_source
@@ -53,7 +54,9 @@ def push_heads_to_hub(
     hold ``config.json`` and ``model.safetensors`` that load strictly; its ``tree.json``,
     ``datastore.safetensors`` and ``adapter/`` are uploaded with them when present, each checked
     first (heads that were trained with an adapter are refused without it), and a freshly
-    generated ``README.md`` with them; other files in the folder are left alone.
+    generated ``README.md`` and ``custom_generate/`` naming ``repo_id`` (:mod:`medusa_lite.artifacts.custom_generate`;
+    not for heads trained with an adapter, which ``custom_generate`` would have to merge into the
+    caller's model) with them; other files in the folder are left alone.
     ``endpoint`` defaults to ``HF_ENDPOINT`` / https://huggingface.co. Returns the commit URL.
     """
     api = HfApi(endpoint=endpoint, token=token)
@@ -83,6 +86,9 @@ def push_heads_to_hub(
             else str(module.generate_model_card())
         ).encode("utf-8")
         operations.append(CommitOperationAdd(path_in_repo=CARD_NAME, path_or_fileobj=card))
+        if not getattr(module.config, "backbone_adapter", False):  # it would merge an adapter into the caller's model
+            for name, text in custom_generate_files(repo_id).items():  # generate(custom_generate=repo_id)
+                operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=text.encode("utf-8")))
         commit = api.create_commit(repo_id, operations, commit_message=commit_message, revision=revision)
     return commit.commit_url
 

@@ -34,9 +34,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from medusa_lite.artifacts.base import CONFIG_NAME, config_kind, heads_file
+from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
 from medusa_lite.artifacts.files import TREE_FILE_NAME, adapt_target
 from medusa_lite.artifacts.resolve import ArtifactSource, resolve_source
 from medusa_lite.cpu.prepack import (
@@ -47,7 +48,7 @@ from medusa_lite.cpu.prepack import (
     prepack_supported,
 )
 from medusa_lite.decoding.attention import TREE_SDPA
-from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.decoding.model import MedusaModel, base_model_name
 from medusa_lite.drafters.draft_vocab import DraftLMHead
 from medusa_lite.drafters.hydra.heads import HydraHeads
 from medusa_lite.drafters.hydra.proposer import HydraProposer
@@ -61,7 +62,7 @@ from medusa_lite.drafters.sequential.proposer import (
     DEFAULT_DRAFTER_TOPK,
     SequentialDrafterProposer,
 )
-from medusa_lite.errors import HeadsFileError, MedusaError, TreeError
+from medusa_lite.errors import AdapterError, HeadsFileError, MedusaError, TreeError
 from medusa_lite.proposers.base import Proposer, StepLimits, as_proposers, step_rows
 from medusa_lite.proposers.datastore import DATASTORE_FILE_NAME, Datastore
 from medusa_lite.proposers.lookup import default_lookups
@@ -307,6 +308,20 @@ def read_artifact(source: ArtifactSource) -> MedusaHeads | SequentialDrafter | H
     return kind.artifact.from_source(source)
 
 
+def read_drafter(
+    heads: str | os.PathLike | MedusaHeads | SequentialDrafter | HydraHeads,
+    *,
+    heads_revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> tuple[MedusaHeads | SequentialDrafter | HydraHeads, ArtifactSource | None]:
+    """(the drafter module, the artifact it came from or None for a module given as it is)."""
+    if isinstance(heads, artifact_classes()):
+        return heads, None
+    source = resolve_source(heads, HEADS_WHAT, revision=heads_revision, token=token, cache_dir=cache_dir)
+    return read_artifact(source), source
+
+
 def load(
     model: str | os.PathLike | None = None,
     *,
@@ -327,47 +342,94 @@ def load(
 
     ``model``: a local folder or Hub id of a causal LM (None: the default SmolLM2-135M-Instruct).
     ``heads``: a heads folder, Hub repo or :class:`MedusaHeads` (None: the heads shipped for the
-    default model). ``tree``: see the module docstring. ``datastore``: True = ``datastore.safetensors``
-    beside the heads when there is one (:mod:`medusa_lite.proposers.datastore`), a path or
-    :class:`Datastore`, or False for none. ``heads_revision``, ``token``, ``cache_dir``: how to
-    download the heads' artifact from the Hub (every file from the same revision).
+    default model). The rest: as :func:`attach`, which this is after :func:`load_target`.
+    """
+    drafter, source = read_drafter(
+        heads_source_for(model, heads),
+        heads_revision=heads_revision,
+        token=token,
+        cache_dir=cache_dir,
+    )
+    base, tokenizer = load_target(model, dtype, device)
+    medusa = attach_drafter(
+        base, drafter, source, tree=tree, datastore=datastore, prepack=prepack, proposers=proposers
+    )
+    return medusa, tokenizer
+
+
+def attach(
+    base_model: PreTrainedModel,
+    heads: str | os.PathLike | MedusaHeads | SequentialDrafter | HydraHeads | None = None,
+    *,
+    tree: TreeSpec = None,
+    datastore: DatastoreSpec = True,
+    prepack: bool | None = None,
+    heads_revision: str | None = None,
+    token: str | bool | None = None,
+    cache_dir: str | os.PathLike | None = None,
+    proposers: Proposer | Sequence[Proposer] | None = None,
+    adapt: bool = True,
+) -> MedusaModel:
+    """A target already loaded (any causal LM, on its device and dtype) with a drafter artifact, ready to decode.
+
+    ``heads``: an artifact folder or Hub repo of any registered kind, or its module (None: the heads
+    shipped for the default model, when ``base_model`` is it). ``tree``: see the module docstring.
+    ``datastore``: True = ``datastore.safetensors`` beside the heads when there is one
+    (:mod:`medusa_lite.proposers.datastore`), a path or :class:`Datastore`, or False for none.
+    ``heads_revision``, ``token``, ``cache_dir``: how to download the artifact from the Hub (every
+    file from the same revision).
 
     An artifact with a Medusa-2 adapter (``adapter/``, :mod:`medusa_lite.artifacts.files`) is merged into
-    the target, so the model returned is the adapted one; an adapter that does not fit the target
-    raises :class:`~medusa_lite.errors.AdapterError`.
+    the target, so the model returned wraps the adapted one; an adapter that does not fit the target
+    raises :class:`~medusa_lite.errors.AdapterError`. ``adapt=False`` refuses such an artifact instead
+    (merging changes ``base_model`` in place: ``custom_generate`` must leave the user's model as it is).
 
     ``prepack``: pack the target's linear weights for few-row products, up to the tree + the
     default lookup chain (:mod:`medusa_lite.cpu.prepack`: the row_gemm kernel, else oneDNN). None: when
-    possible (float32 on CPU); True: raise if not possible; False: never.
+    possible (float32 on CPU); True: raise if not possible; False: never (the target is left as it is).
 
     ``proposers``: the sources of guesses ``generate`` uses by default (``model.proposers``,
-    :mod:`medusa_lite.proposers.base`); None: the lookups, then the heads on the tree. The weights are
+    :mod:`medusa_lite.proposers.base`); None: the lookups, then the drafter. The weights are
     packed for the most rows a step of theirs verifies.
     """
-    if isinstance(heads, artifact_classes()):
-        heads_module, source = heads, None
-    else:
-        where = heads_source_for(model, heads)
-        source = resolve_source(where, HEADS_WHAT, revision=heads_revision, token=token, cache_dir=cache_dir)
-        heads_module = read_artifact(source)
-    if kind_of(heads_module).drafting is not None:  # a drafter growing its own trees, beside the lookups
-        return load_with_drafter(
-            heads_module,
-            source,
-            model,
-            dtype=dtype,
-            device=device,
-            tree=tree,
-            datastore=datastore,
-            prepack=prepack,
-            proposers=proposers,
+    if heads is None:
+        if base_model_name(base_model) != DEFAULT_MODEL_NAME:
+            raise MissingHeadsError(
+                f"no Medusa heads given for {base_model_name(base_model)!r}: pass heads=<folder or Hub repo> "
+                f"(shipped heads exist only for the default model, {DEFAULT_MODEL_NAME})"
+            )
+        heads = heads_source_for(None, None)
+    drafter, source = read_drafter(heads, heads_revision=heads_revision, token=token, cache_dir=cache_dir)
+    if not adapt and getattr(drafter.config, "backbone_adapter", False):
+        raise AdapterError(
+            "these heads were trained with a LoRA adapter on the base model (Medusa-2), which would be merged into "
+            "the model in place: load them with medusa_lite.load(model, heads=...) instead"
         )
-    base, tokenizer = load_target(model, dtype, device)
-    base = adapt_target(base, source, heads_module.config)
-    store = resolve_datastore(datastore, source, heads_module.config.vocab_size)
+    return attach_drafter(
+        base_model, drafter, source, tree=tree, datastore=datastore, prepack=prepack, proposers=proposers
+    )
+
+
+def attach_drafter(
+    base: PreTrainedModel,
+    drafter: MedusaHeads | SequentialDrafter | HydraHeads,
+    source: ArtifactSource | None,
+    *,
+    tree: TreeSpec,
+    datastore: DatastoreSpec,
+    prepack: bool | None,
+    proposers,
+) -> MedusaModel:
+    """:func:`attach` for a drafter already read: heads on their tree, or a drafter growing its own trees."""
+    if kind_of(drafter).drafting is not None:  # a drafter growing its own trees, beside the lookups
+        return attach_growing_drafter(
+            base, drafter, source, tree=tree, datastore=datastore, prepack=prepack, proposers=proposers
+        )
+    base = adapt_target(base, source, drafter.config)
+    store = resolve_datastore(datastore, source, drafter.config.vocab_size)
     proposers = default_proposers() if proposers is None else as_proposers(proposers)
     medusa = MedusaModel(
-        base, heads_module, tree=resolve_tree(tree, heads_module, source), datastore=store, proposers=proposers
+        base, drafter, tree=resolve_tree(tree, drafter, source), datastore=store, proposers=proposers
     ).eval()
     prepack_for_tree(medusa.base_model, medusa.tree, prepack, step_rows(medusa.proposers, medusa))
     if medusa.draft_lm_head is not None and prepack_backend(medusa.base_model) == ROW_GEMM:
@@ -376,23 +438,21 @@ def load(
         tree, DynamicTree
     ):  # a policy given as an object keeps its costs
         medusa.tree = priced_here(medusa, medusa.tree)
-    return medusa, tokenizer
+    return medusa
 
 
-def load_with_drafter(
+def attach_growing_drafter(
+    base: PreTrainedModel,
     drafter: SequentialDrafter | HydraHeads,
     source: ArtifactSource | None,
-    model,
     *,
-    dtype,
-    device,
     tree: TreeSpec,
     datastore: DatastoreSpec,
     prepack: bool | None,
     proposers,
-) -> tuple[MedusaModel, PreTrainedTokenizerBase]:
-    """``load()`` for a drafting artifact (a sequential drafter or Hydra-style heads): the target without Medusa
-    heads, proposing with the lookups and the drafter (:mod:`medusa_lite.drafters.sequential.proposer`,
+) -> MedusaModel:
+    """:func:`attach` for a drafting artifact (a sequential drafter or Hydra-style heads): the target without
+    Medusa heads, proposing with the lookups and the drafter (:mod:`medusa_lite.drafters.sequential.proposer`,
     :mod:`medusa_lite.drafters.hydra.proposer`), its trees sized by this machine's row costs.
 
     ``tree``: None (a policy of up to :data:`DEFAULT_DRAFTER_NODES` drafter nodes priced here), or a
@@ -409,7 +469,6 @@ def load_with_drafter(
             "and price of its rows)"
         )
     policy = tree if tree is not None else DynamicTree(1 + DEFAULT_DRAFTER_NODES, UNMEASURED_ROW_COSTS)
-    base, tokenizer = load_target(model, dtype, device)
     store = resolve_datastore(datastore, source, drafter.config.vocab_size)
     medusa = MedusaModel(
         base, None, datastore=store, proposers=() if proposers is None else as_proposers(proposers)
@@ -427,7 +486,7 @@ def load_with_drafter(
         kind.check_fits(medusa, drafter)
         weight = base.get_output_embeddings().weight
         drafter.to(device=weight.device, dtype=weight.dtype)
-    return medusa, tokenizer
+    return medusa
 
 
 def drafter_proposer_for(

@@ -47,6 +47,19 @@ INERT_OPTIONS = frozenset({"transformers_version", "pad_token_id", "bos_token_id
 INERT_VALUES = {"cache_implementation": (None, "hybrid")}
 # Keyword arguments of model.generate that are not generation-config fields and that medusa-lite takes.
 INPUT_KEYWORDS = frozenset({"input_ids", "attention_mask", "tokenizer"})
+# model.generate's other parameters, which a custom_generate method is handed too: accepted when unset
+# (None or False), refused by name otherwise.
+TRANSFORMERS_ONLY_KEYWORDS = frozenset(
+    {
+        "prefix_allowed_tokens_fn",
+        "synced_gpus",
+        "assistant_model",
+        "assistant_tokenizer",
+        "negative_prompt_ids",
+        "negative_prompt_attention_mask",
+        "use_model_defaults",
+    }
+)
 # medusa_lite.generate's own keywords, accepted here too.
 OWN_KEYWORDS = frozenset({"proposers", "tree", "lookup_tokens", "datastore", "datastore_tokens", "generator"})
 
@@ -151,6 +164,9 @@ def generate_like_transformers(
             f"medusa-lite cannot apply {', '.join(refused)} exactly (it decodes one sequence with exact "
             f"speculative decoding; it applies {', '.join(sorted(HANDLED_OPTIONS))})"
         )
+    unset = {key for key in TRANSFORMERS_ONLY_KEYWORDS & set(others) if others[key] is None or others[key] is False}
+    for key in unset:
+        del others[key]
     unknown = sorted(set(others) - INPUT_KEYWORDS - OWN_KEYWORDS)
     if unknown:
         raise GenerationInputError(f"generate() got argument(s) medusa-lite does not take: {', '.join(unknown)}")

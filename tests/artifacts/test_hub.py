@@ -25,6 +25,7 @@ from artifact_fixtures import adapted_reference, plain_target, save_medusa2_arti
 from hub_server import DEFAULT_USER, HubServer
 
 from medusa_lite import Datastore, DatastoreError, HeadsFileError, MedusaConfig, MedusaHeads
+from medusa_lite.artifacts.custom_generate import custom_generate_files
 from medusa_lite.artifacts.files import ADAPTER_FILES
 from medusa_lite.artifacts.hub import push_heads_to_hub
 from medusa_lite.artifacts.loading import write_tree_file
@@ -127,9 +128,14 @@ def assert_pushed(
     hub: HubServer, repo_id: str, folder: Path, revision: str = "main", extra: tuple[str, ...] = ()
 ) -> dict[str, bytes]:
     files = hub.files(repo_id, revision)
-    assert sorted(files) == sorted(["README.md", "config.json", "model.safetensors", *extra])
+    generated = custom_generate_files(repo_id)
+    assert sorted(files) == sorted(["README.md", "config.json", "model.safetensors", *extra, *generated])
     for name in ("config.json", "model.safetensors", *extra):
         assert files[name] == (folder / name).read_bytes(), f"{name} changed on the way to the Hub"
+    for name, text in generated.items():
+        assert files[name].decode() == text
+    # transformers' generate(custom_generate=repo_id) runs a file that names its own artifact
+    assert f"ARTIFACT = {repo_id!r}" in files["custom_generate/generate.py"].decode()
     return files
 
 
@@ -177,6 +183,7 @@ def test_push_is_byte_identical_and_loads_back(saved_heads, tmp_path):
     rebuilt = tmp_path / "rebuilt"
     rebuilt.mkdir()
     for name, data in files.items():
+        (rebuilt / name).parent.mkdir(parents=True, exist_ok=True)
         (rebuilt / name).write_bytes(data)
     loaded = MedusaHeads.from_pretrained(rebuilt)
     assert loaded.config == heads.config
