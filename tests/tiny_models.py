@@ -6,7 +6,7 @@ import math
 
 import torch
 from tiny_tokenizer import IM_END
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
+from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, MistralConfig, Qwen2Config
 
 from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel
 from medusa_lite.decoding.attention import TREE_SDPA
@@ -38,9 +38,10 @@ def tiny_base_model(
     eos_token_id: int | None = None,
     **overrides,
 ):
-    """A fp32 random causal LM of the given family; ``logit_scale`` sharpens its distributions."""
+    """A fp32 random causal LM of the given family (a model_type); ``logit_scale`` sharpens its distributions."""
     torch.manual_seed(seed)
-    config = CONFIG_CLASSES[family](
+    make_config = CONFIG_CLASSES.get(family) or (lambda **kwargs: AutoConfig.for_model(family, **kwargs))
+    config = make_config(
         vocab_size=vocab_size,
         **{**TINY_SIZES, **overrides},
         eos_token_id=eos_token_id,

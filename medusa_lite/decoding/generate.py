@@ -33,10 +33,11 @@ from medusa_lite.decoding.inputs import (
     context_limit,
     eos_ids,
 )
-from medusa_lite.decoding.model import MedusaModel, TargetOutput, check_tree_attention_supported
+from medusa_lite.decoding.model import MedusaModel, TargetOutput, check_tree_attention_supported, text_config
 from medusa_lite.decoding.options import ScoreOptions, first_stop, processed_scores, score_processors, stop_criteria
 from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
 from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
+from medusa_lite.decoding.windows import layer_windows
 from medusa_lite.drafters.medusa.proposer import (
     MedusaHeadsProposer,
     default_proposers,
@@ -312,6 +313,7 @@ def generate(
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     proposers = resolve_proposers(model, proposers, tree, lookup_tokens, datastore, datastore_tokens)
     check_tree_attention_supported(model.base_model)
+    layer_windows(text_config(model.base_model))  # a layer kind no tree mask expresses: refused before any work
     prompt = as_prompt(input_ids, model.device, attention_mask)
     check_token_ids(prompt, model.vocab_size)
     check_context(prompt.numel(), max_new_tokens, context_limit(model))

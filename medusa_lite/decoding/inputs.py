@@ -189,14 +189,9 @@ def as_datastore(datastore: object, model: MedusaModel) -> Datastore | None:
 
 # -- limits ------------------------------------------------------------------------------------
 def context_limit(model: MedusaModel) -> int | None:
-    """The most positions the target attends over: max positions, or a sliding window (our cache is full-attention)."""
-    config = text_config(model.base_model)
-    limits = [getattr(config, "max_position_embeddings", None)]
-    window = getattr(config, "sliding_window", None)
-    if window and getattr(config, "use_sliding_window", True):
-        limits.append(window)
-    limits = [limit for limit in limits if isinstance(limit, int) and limit > 0]
-    return min(limits) if limits else None
+    """The most positions the target takes: its max positions (a sliding window is no limit: ``decoding/windows``)."""
+    limit = getattr(text_config(model.base_model), "max_position_embeddings", None)
+    return limit if isinstance(limit, int) and limit > 0 else None
 
 
 def check_context(prompt_len: int, max_new_tokens: int, limit: int | None) -> None:

@@ -2,7 +2,8 @@
 
 Tree attention needs no modeling code of our own: the tree's tokens go in as one sequence,
 each at position ``prefix_len + depth``, with an additive 4D mask that lets a node see the
-whole cached prefix, itself and its ancestors, and nothing else.
+whole cached prefix, itself and its ancestors, and nothing else (less what lies outside a sliding
+window: :mod:`medusa_lite.decoding.windows`).
 """
 
 from __future__ import annotations
@@ -10,29 +11,38 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from medusa_lite.decoding.model import MedusaModel, TargetOutput
+from medusa_lite.decoding.model import MedusaModel, TargetOutput, text_config
+from medusa_lite.decoding.windows import additive, step_masks
 from medusa_lite.trees.tree import Tree
 
 
+def tree_allowed(tree: Tree, prefix_len: int) -> torch.Tensor:
+    """[N, prefix_len + N] True where a node may attend: the whole prefix, itself and its ancestors."""
+    return torch.cat([torch.ones(tree.num_nodes, prefix_len, dtype=torch.bool), tree.ancestor_mask], dim=1)
+
+
 def tree_attention_mask(tree: Tree, prefix_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Additive mask [1, 1, N, prefix_len + N]: 0 where attention is allowed, dtype-min elsewhere."""
-    allowed = torch.cat([torch.ones(tree.num_nodes, prefix_len, dtype=torch.bool), tree.ancestor_mask], dim=1)
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    """Additive mask [1, 1, N, prefix_len + N] of a full-attention target: 0 where allowed, dtype-min elsewhere."""
+    return additive(tree_allowed(tree, prefix_len), dtype, device)
+
+
+def step_forward(model: MedusaModel, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor, allowed):
+    """The target over one step's rows ``tokens`` [Q] at ``positions`` [Q], each seeing what ``allowed`` lets it."""
+    device = tokens.device
+    return model.target_forward(
+        tokens[None],
+        position_ids=positions.to(device)[None],
+        attention_mask=step_masks(text_config(model.base_model), allowed, positions, model.base_model.dtype, device),
+        cache=cache,
+        use_cache=True,
+    )
 
 
 def verify_tree(model: MedusaModel, cache: DynamicCache, tree: Tree, candidates: torch.Tensor) -> TargetOutput:
     """Target logits and hidden states at every tree node [N, ...], in one forward."""
     prefix_len = cache.get_seq_length()
-    device = candidates.device
-    out = model.target_forward(
-        candidates[None],
-        position_ids=(prefix_len + tree.node_depths).to(device)[None],
-        attention_mask=tree_attention_mask(tree, prefix_len, model.base_model.dtype, device),
-        cache=cache,
-        use_cache=True,
-    )
-    return out.select(0)
+    positions = prefix_len + tree.node_depths
+    return step_forward(model, cache, candidates, positions, tree_allowed(tree, prefix_len)).select(0)
 
 
 def keep_accepted_in_cache(cache: DynamicCache, prefix_len: int, accepted_nodes: torch.Tensor) -> None:
@@ -50,10 +60,8 @@ def keep_accepted_in_cache(cache: DynamicCache, prefix_len: int, accepted_nodes:
         layer.values = layer.values[..., :new_len, :]
 
 
-def side_rows_attention_mask(
-    tree: Tree, side, prefix_len: int, dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """Additive mask [1, 1, N + M, prefix_len + N + M] for a draft of N nodes followed by M side rows.
+def side_rows_allowed(tree: Tree, side, prefix_len: int) -> torch.Tensor:
+    """[N + M, prefix_len + N + M] True where a row may attend, for a draft of N nodes followed by M side rows.
 
     Draft rows see what :func:`tree_attention_mask` allows and no side row; side rows see the
     prefix, the root (draft node 0) and the side rows ``side.mask`` allows, no other draft node.
@@ -64,8 +72,7 @@ def side_rows_attention_mask(
     allowed[:nodes, prefix_len : prefix_len + nodes] = tree.ancestor_mask
     allowed[nodes:, prefix_len] = True
     allowed[nodes:, prefix_len + nodes :] = side.mask
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    return allowed
 
 
 def verify_with_side_rows(model: MedusaModel, cache: DynamicCache, tree: Tree, candidates: torch.Tensor, side):
@@ -75,14 +82,8 @@ def verify_with_side_rows(model: MedusaModel, cache: DynamicCache, tree: Tree, c
     :func:`keep_accepted_in_cache` (which keeps the prefix and accepted draft nodes) drops them.
     """
     prefix_len = cache.get_seq_length()
-    device = candidates.device
     nodes = tree.num_nodes
     positions = torch.cat([tree.node_depths, side.offsets.cpu()]) + prefix_len
-    out = model.target_forward(
-        torch.cat([candidates, side.tokens.to(device)])[None],
-        position_ids=positions.to(device)[None],
-        attention_mask=side_rows_attention_mask(tree, side, prefix_len, model.base_model.dtype, device),
-        cache=cache,
-        use_cache=True,
-    )
+    tokens = torch.cat([candidates, side.tokens.to(candidates.device)])
+    out = step_forward(model, cache, tokens, positions, side_rows_allowed(tree, side, prefix_len))
     return out.select((0, slice(None, nodes))), out.logits[0, nodes:]

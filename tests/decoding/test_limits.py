@@ -42,11 +42,13 @@ def test_generation_up_to_the_last_position_is_exact():
     assert max(positions) < MAX_POSITIONS
 
 
-def test_sliding_window_limit_is_checked():
+def test_a_sliding_window_is_no_context_limit():
+    """Past the window is decoded (exactly: tests/decoding/test_sliding_window.py); max positions still bound it."""
     base = tiny_base_model("mistral", vocab_size=64, sliding_window=16)
     model = MedusaModel(base, random_heads(base, 2))
-    with pytest.raises(GenerationInputError, match="context of 16 positions"):
-        generate(model, torch.ones(1, 10, dtype=torch.long), 10)
+    assert generate(model, torch.ones(1, 10, dtype=torch.long), 10).stats.new_tokens == 10
+    with pytest.raises(GenerationInputError, match="context of 256 positions"):
+        generate(model, torch.ones(1, 250, dtype=torch.long), 10)
 
 
 EOS_CASES = ["inside-path", "at-root", "bonus"]

@@ -17,6 +17,7 @@ import medusa_lite.decoding.verify
 from medusa_lite import GenerationInputError, LookaheadProposer, MedusaModel, SamplingSettings, SideRows, generate
 from medusa_lite.decoding.cache import reserved_cache
 from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
+from medusa_lite.decoding.windows import additive
 from medusa_lite.proposers.lookahead import (
     LOOKAHEAD_SOURCE,
     trie_candidates,
@@ -150,10 +151,9 @@ def test_lookahead_rows_change_no_draft_logit_and_leave_no_trace_in_the_cache():
         verified, side_logits = verify_with_side_rows(model, with_side_cache, draft, draft.tokens, side)
         assert side_logits.shape == (9, 32)
         torch.testing.assert_close(verified.logits, alone.logits, rtol=1e-5, atol=1e-5)
-        leaky = medusa_lite.decoding.verify.side_rows_attention_mask(
-            draft, side, prefix.shape[1], torch.float32, "cpu"
-        )
-        leaky[..., : draft.num_nodes, prefix.shape[1] + draft.num_nodes :] = 0.0  # the control: draft rows see them
+        leaky = medusa_lite.decoding.verify.side_rows_allowed(draft, side, prefix.shape[1])
+        leaky[: draft.num_nodes, prefix.shape[1] + draft.num_nodes :] = True  # the control: draft rows see them
+        leaky = additive(leaky, torch.float32, torch.device("cpu"))
         positions = torch.cat([draft.node_depths, side.offsets]) + prefix.shape[1]
         leaked = model.target_forward(
             torch.cat([draft.tokens, side.tokens])[None],
