@@ -34,7 +34,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from medusa_lite.artifacts.base import CONFIG_NAME, config_kind, heads_file
 from medusa_lite.artifacts.default_model import DEFAULT_MODEL_NAME
@@ -47,8 +47,9 @@ from medusa_lite.cpu.prepack import (
     prepack_linears,
     prepack_supported,
 )
+from medusa_lite.decoding.architectures import check_architecture, model_class_for, tree_attention_implementation
 from medusa_lite.decoding.attention import TREE_SDPA
-from medusa_lite.decoding.model import MedusaModel, base_model_name
+from medusa_lite.decoding.model import MedusaModel, base_model_name, text_config
 from medusa_lite.drafters.draft_vocab import DraftLMHead
 from medusa_lite.drafters.hydra.heads import HydraHeads
 from medusa_lite.drafters.hydra.proposer import HydraProposer
@@ -228,12 +229,14 @@ def load_target(
     dtype: torch.dtype | str | None,
     device: str | torch.device,
     *,
-    attn_implementation: str = ATTN_IMPLEMENTATION,
+    attn_implementation: str | None = None,
 ):
     """(causal LM in eval mode, tokenizer): the default model when ``model`` is None, else any HF model.
 
     ``dtype`` None: :func:`default_dtype` of ``device``; ``"auto"``: the checkpoint's own. The
     default model is converted from its GGUF file on first use (:mod:`medusa_lite.artifacts.default_model`).
+    ``attn_implementation`` None: the fastest the model's class offers that takes a tree mask
+    (:func:`~medusa_lite.decoding.architectures.tree_attention_implementation`).
     """
     dtype = dtype or default_dtype(device)
     if model is None:
@@ -247,6 +250,8 @@ def load_target(
     else:
         resolve_source(model, "target model")  # a path that does not exist: a clear error, not a Hub lookup
         source = model
+    if attn_implementation is None:
+        attn_implementation = tree_attention_implementation(model_class_for(AutoConfig.from_pretrained(source)))
     base = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation)
     tokenizer = AutoTokenizer.from_pretrained(source)
     if model is None:  # the cache folder is a copy of the default model: keep its Hub name
@@ -421,6 +426,7 @@ def attach_drafter(
     proposers,
 ) -> MedusaModel:
     """:func:`attach` for a drafter already read: heads on their tree, or a drafter growing its own trees."""
+    check_architecture(text_config(base))  # a family no tree verifies: refused before the drafter is fitted
     if kind_of(drafter).drafting is not None:  # a drafter growing its own trees, beside the lookups
         return attach_growing_drafter(
             base, drafter, source, tree=tree, datastore=datastore, prepack=prepack, proposers=proposers

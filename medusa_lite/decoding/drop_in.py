@@ -5,7 +5,7 @@ output as ``**inputs``) and are merged in its order: the call's keywords, then t
 ``generation_config``, then the target's own ``generation_config``, then transformers' defaults.
 The result is what ``model.generate`` returns: the sequences tensor, or with
 ``return_dict_in_generate=True`` a ``GenerateDecoderOnlyOutput`` holding them. An option medusa-lite
-cannot apply exactly (beams, several return sequences, per-step scores...) is refused by name,
+cannot apply exactly (beams, several return sequences, attentions...) is refused by name,
 never ignored: :data:`HANDLED_OPTIONS` are the ones it applies.
 """
 
@@ -39,6 +39,8 @@ HANDLED_OPTIONS = frozenset(
         "bad_words_ids",
         "eos_token_id",
         "return_dict_in_generate",
+        "output_scores",
+        "output_logits",
     }
 )
 # Fields that change nothing in the tokens of one unpadded sequence (bookkeeping, padding, the cache's
@@ -179,6 +181,7 @@ def generate_like_transformers(
     prompt = as_prompt(input_ids, model.device, others.pop("attention_mask", None))
     most, fewest = new_token_counts(options, prompt.numel())
     max_time = options.get("max_time")
+    as_dict = bool(options.get("return_dict_in_generate"))  # scores and logits come only with it, as in transformers
     output = generate(
         model,
         prompt,
@@ -194,8 +197,10 @@ def generate_like_transformers(
         stopping_criteria=stopping_criteria,
         logits_processor=logits_processor,
         streamer=streamer,
+        output_scores=as_dict and bool(options.get("output_scores")),
+        output_logits=as_dict and bool(options.get("output_logits")),
         **others,
     )
-    if options.get("return_dict_in_generate"):
-        return GenerateDecoderOnlyOutput(sequences=output.sequences)
+    if as_dict:
+        return GenerateDecoderOnlyOutput(sequences=output.sequences, scores=output.scores, logits=output.logits)
     return output.sequences

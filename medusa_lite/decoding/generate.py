@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from medusa_lite.decoding.acceptance import accept, accepted_path
+from medusa_lite.decoding.architectures import check_architecture
 from medusa_lite.decoding.cache import reserved_cache
 from medusa_lite.decoding.inputs import (
     as_datastore,
@@ -34,10 +35,16 @@ from medusa_lite.decoding.inputs import (
     eos_ids,
 )
 from medusa_lite.decoding.model import MedusaModel, TargetOutput, check_tree_attention_supported, text_config
-from medusa_lite.decoding.options import ScoreOptions, first_stop, processed_scores, score_processors, stop_criteria
+from medusa_lite.decoding.options import (
+    ScoreOptions,
+    TokenScores,
+    first_stop,
+    processed_scores,
+    score_processors,
+    stop_criteria,
+)
 from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
 from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
-from medusa_lite.decoding.windows import layer_windows
 from medusa_lite.drafters.medusa.proposer import (
     MedusaHeadsProposer,
     default_proposers,
@@ -151,6 +158,9 @@ class GenerationStats:
 class GenerationOutput:
     sequences: torch.Tensor  # [1, prompt + new tokens], like model.generate
     stats: GenerationStats
+    # With output_scores / output_logits, as model.generate returns them: one [1, V] tensor per new token.
+    scores: tuple[torch.Tensor, ...] | None = None
+    logits: tuple[torch.Tensor, ...] | None = None
 
 
 # -- choosing the proposers --------------------------------------------------------------------
@@ -280,6 +290,8 @@ def generate(
     max_time: float | None = None,
     logits_processor=None,
     stopping_criteria=None,
+    output_scores: bool = False,
+    output_logits: bool = False,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with exact speculative decoding.
 
@@ -306,14 +318,16 @@ def generate(
     (:mod:`medusa_lite.decoding.options`: each draft node's logits processed with that node's own
     prefix): ``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, ``bad_words_ids``,
     ``logits_processor`` (transformers ``LogitsProcessor`` s, after those), ``stop_strings`` (with
-    ``tokenizer``), ``max_time`` (seconds) and ``stopping_criteria``. To call medusa-lite exactly as
+    ``tokenizer``), ``max_time`` (seconds) and ``stopping_criteria``. ``output_scores`` /
+    ``output_logits`` keep each new token's scores / raw logits as ``model.generate`` returns them
+    (:class:`~medusa_lite.decoding.options.TokenScores`). To call medusa-lite exactly as
     ``model.generate`` is called (a ``GenerationConfig``, its return value), use :meth:`MedusaModel.generate`.
     """
     settings = SamplingSettings(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     proposers = resolve_proposers(model, proposers, tree, lookup_tokens, datastore, datastore_tokens)
     check_tree_attention_supported(model.base_model)
-    layer_windows(text_config(model.base_model))  # a layer kind no tree mask expresses: refused before any work
+    check_architecture(text_config(model.base_model))  # a family no tree mask verifies: refused before any work
     prompt = as_prompt(input_ids, model.device, attention_mask)
     check_token_ids(prompt, model.vocab_size)
     check_context(prompt.numel(), max_new_tokens, context_limit(model))
@@ -341,18 +355,21 @@ def generate(
     if streamer is not None:
         streamer.put(prompt[None].cpu())
     history = prompt  # prompt + committed tokens: where the lookups search
+    kept = TokenScores.asked(output_scores, output_logits, settings)
 
     def scores_at(draft: DraftTree, logits: torch.Tensor) -> torch.Tensor:
         """The scores every node's token is picked from: its logits, processed with its own prefix when asked."""
         return processed_scores(scoring.processors, history, draft, logits) if scoring.processes else logits
 
-    def commit(tokens: torch.Tensor, scores: torch.Tensor) -> bool:
-        """Append accepted tokens (``scores``: each one's row it was picked from); True when generation is finished."""
+    def commit(tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> bool:
+        """Append accepted tokens (``scores`` / ``logits``: each one's row it was picked from); True when
+        generation is finished."""
         nonlocal history
         tokens, hit_eos = cut_at_eos(tokens, eos)
         if scoring.stops:
             stop = first_stop(scoring.criteria, history, tokens, scores)
             tokens, hit_eos = (tokens, hit_eos) if stop is None else (tokens[: stop + 1], True)
+        kept.keep(scores, logits, tokens.numel())
         history = torch.cat([history, tokens])
         stats.new_tokens += tokens.numel()
         if streamer is not None:
@@ -372,7 +389,7 @@ def generate(
         layers = sorted({layer for proposer in running for layer in proposer.feature_layers})
         unseen = TargetStates.of(prefill.select(0), layers)  # what the proposers have not been shown yet
         hidden = unseen.final[-1]
-        finished = commit(root, prefill_scores)
+        finished = commit(root, prefill_scores, prefill.logits[0, -1:])
 
     pricing = next((p.pricing for p in running if p.pricing is not None), None)  # this machine's step costs
     gate = SpeculationGate()
@@ -399,9 +416,9 @@ def generate(
         if pricing is not None:
             gate = gate_after_step(gate, pricing, speculates, draft, path, room)
             stats.plain_steps += not speculates
-        finished = commit(accepted, scores[path])
+        finished = commit(accepted, scores[path], verified.logits[path])
 
     sequences = history[None]
     if streamer is not None:
         streamer.end()
-    return GenerationOutput(sequences=sequences, stats=stats)
+    return GenerationOutput(sequences, stats, *kept.as_tuples())

@@ -31,9 +31,13 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
 )
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StopStringCriteria
 
+from medusa_lite.decoding.sampling import SamplingSettings
 from medusa_lite.errors import GenerationInputError
 from medusa_lite.trees.draft import DraftTree
 from medusa_lite.values import as_integer, as_real, describe
@@ -200,3 +204,48 @@ def first_stop(
         if bool(criteria(prefix, scores[index : index + 1]).any()):
             return index
     return None
+
+
+def sampling_warpers(settings: SamplingSettings) -> LogitsProcessorList:
+    """transformers' warpers for ``settings``, in ``model.generate``'s order (none when greedy): what its
+    ``output_scores`` include after the processors when it samples."""
+    warpers = LogitsProcessorList()
+    if settings.temperature == 0:
+        return warpers
+    if settings.temperature != 1:
+        warpers.append(TemperatureLogitsWarper(settings.temperature))
+    if settings.top_k is not None:
+        warpers.append(TopKLogitsWarper(settings.top_k))
+    if settings.top_p is not None and settings.top_p < 1:
+        warpers.append(TopPLogitsWarper(settings.top_p))
+    return warpers
+
+
+@dataclass
+class TokenScores:
+    """Each committed token's rows, kept as ``model.generate``'s ``output_scores`` / ``output_logits`` keep
+    them: ``scores``, the processed scores it was picked from (the sampling warpers applied when sampling),
+    and ``logits``, the target's raw logits (float32); one [1, V] tensor per new token, None when not asked."""
+
+    warpers: LogitsProcessorList
+    scores: list[torch.Tensor] | None = None
+    logits: list[torch.Tensor] | None = None
+
+    @classmethod
+    def asked(cls, output_scores: bool, output_logits: bool, settings: SamplingSettings) -> TokenScores:
+        return cls(sampling_warpers(settings), [] if output_scores else None, [] if output_logits else None)
+
+    def keep(self, scores: torch.Tensor, logits: torch.Tensor, count: int) -> None:
+        """Keep the first ``count`` rows of ``scores`` and ``logits`` [n, V]: the tokens committed."""
+        if self.scores is not None:
+            rows = scores[:count].to(dtype=torch.float32, copy=True)
+            rows = self.warpers(torch.empty(count, 0, dtype=torch.long, device=rows.device), rows)
+            self.scores.extend(rows.split(1))
+        if self.logits is not None:
+            self.logits.extend(logits[:count].to(dtype=torch.float32, copy=True).split(1))
+
+    def as_tuples(self) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
+        return (
+            None if self.scores is None else tuple(self.scores),
+            None if self.logits is None else tuple(self.logits),
+        )

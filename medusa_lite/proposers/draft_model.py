@@ -25,9 +25,9 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Cache, PreTrainedModel
 
-from medusa_lite.decoding.attention import TREE_SDPA
+from medusa_lite.decoding.architectures import model_class_for, tree_attention_implementation
 from medusa_lite.decoding.cache import ReservedLayer
 from medusa_lite.decoding.model import cache_keyword, check_tree_attention_supported, text_config
 from medusa_lite.decoding.sampling import logits_to_probs
@@ -277,7 +277,8 @@ class RunningDraftModel(Proposer):
 def load_draft_model(path: str, model, target_tokenizer, **options) -> DraftModelProposer:
     """A :class:`DraftModelProposer` for the HF causal LM at ``path`` (folder or Hub id), in the target's dtype and
     on its device, its tokenizer checked against ``target_tokenizer``; ``options`` go to the proposer."""
-    draft = AutoModelForCausalLM.from_pretrained(path, dtype=model.base_model.dtype, attn_implementation=TREE_SDPA)
+    attention = tree_attention_implementation(model_class_for(AutoConfig.from_pretrained(path)))
+    draft = AutoModelForCausalLM.from_pretrained(path, dtype=model.base_model.dtype, attn_implementation=attention)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return DraftModelProposer(
         draft.to(model.device).eval(), tokenizer=tokenizer, target_tokenizer=target_tokenizer, **options

@@ -169,12 +169,65 @@ def test_medusa_model_generate_is_a_drop_in_for_model_generate():
     assert torch.equal(model.generate(prompt), base.generate(prompt, attention_mask=torch.ones_like(prompt)))
 
 
+SCORED = dict(return_dict_in_generate=True, output_scores=True, output_logits=True)
+
+
+def assert_rows_close(rows, expected_rows, what: str):
+    assert len(rows) == len(expected_rows), f"{what}: {len(rows)} rows for {len(expected_rows)} new tokens"
+    for index, (row, expected) in enumerate(zip(rows, expected_rows, strict=True)):
+        torch.testing.assert_close(row, expected, atol=1e-4, rtol=1e-4, msg=lambda m, i=index: f"{what}[{i}]: {m}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_scores_and_logits_are_model_generates(family):
+    """output_scores / output_logits: one row per new token, as model.generate returns them, accepted guesses
+    included (their rows come from the tree forward), under a processor that reads each token's prefix."""
+    base = base_for(family)
+    prompt = prompt_for(1)
+    options = dict(max_new_tokens=NEW, repetition_penalty=1.4, no_repeat_ngram_size=3)
+    expected = base.generate(prompt, attention_mask=torch.ones_like(prompt), **options, **SCORED)
+    for model in oracle_models(base, expected.sequences):
+        out = model.generate(prompt, **options, **SCORED)
+        assert torch.equal(out.sequences, expected.sequences)
+        assert_rows_close(out.scores, expected.scores, f"{family} scores")
+        assert_rows_close(out.logits, expected.logits, f"{family} logits")
+    assert not torch.equal(expected.scores[5], expected.logits[5]), "the processors changed no score: untested"
+
+
+def test_sampled_scores_are_the_warped_scores_model_generate_returns_at_each_prefix():
+    """Sampling: each new token's scores (processors, then temperature / top-k / top-p) and raw logits equal
+    what model.generate returns for its first token from that token's own prefix."""
+    base = base_for("llama")
+    model = MedusaModel(base, random_heads(base, num_heads=3)).eval()
+    prompt = prompt_for(2)
+    options = dict(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.3)
+    out = model.generate(prompt, max_new_tokens=12, generator=torch.Generator().manual_seed(0), **options, **SCORED)
+    new_tokens = out.sequences.shape[1] - prompt.shape[1]
+    assert len(out.scores) == len(out.logits) == new_tokens == 12
+    for index in range(new_tokens):
+        prefix = out.sequences[:, : prompt.shape[1] + index]
+        first = base.generate(prefix, attention_mask=torch.ones_like(prefix), max_new_tokens=1, **options, **SCORED)
+        assert_rows_close([out.scores[index]], first.scores, f"scores at token {index}")
+        assert_rows_close([out.logits[index]], first.logits, f"logits at token {index}")
+    assert any(torch.isinf(row).any() for row in out.scores), "top-k / top-p removed nothing: the warpers untested"
+
+
+def test_scores_come_only_when_asked_and_stop_with_the_tokens():
+    base = base_for("llama")
+    model = MedusaModel(base, random_heads(base, num_heads=3)).eval()
+    prompt = prompt_for(0)
+    assert generate(model, prompt, 5).scores is None and generate(model, prompt, 5).logits is None
+    stop_token = int(plain_greedy(base, prompt, NEW)[0, 8 + 6])
+    out = model.generate(prompt, max_new_tokens=NEW, stopping_criteria=[StopAfterToken(stop_token)], **SCORED)
+    assert len(out.scores) == len(out.logits) == out.sequences.shape[1] - prompt.shape[1] <= 7
+
+
 @pytest.mark.parametrize(
     "options, named",
     [
         (dict(num_beams=2), "num_beams=2"),
         (dict(num_return_sequences=2), "num_return_sequences=2"),
-        (dict(output_scores=True), "output_scores=True"),
+        (dict(output_attentions=True), "output_attentions=True"),
         (dict(typical_p=0.5, do_sample=True), "typical_p=0.5"),
         (dict(colour="red"), "colour"),
         (dict(do_sample=True, temperature=0.0), "temperature"),
