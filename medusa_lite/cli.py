@@ -49,6 +49,7 @@ SUBCOMMANDS = {  # name -> "module:function(argv) -> exit status", imported only
     "microbench": "medusa_lite.commands.microbench:main",
     "gpu-check": "medusa_lite.commands.gpu_check:main",
     "push": "medusa_lite.commands.push:command",
+    "export": "medusa_lite.commands.export:command",
     "train": "medusa_lite.commands.train:command",
 }
 

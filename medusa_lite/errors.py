@@ -44,3 +44,7 @@ class ArtifactNotFoundError(MedusaError, FileNotFoundError):
 
 class AdapterError(MedusaError, ValueError):
     """An artifact's backbone adapter (Medusa-2's LoRA) is missing, malformed or does not fit the model."""
+
+
+class ExportError(MedusaError, ValueError):
+    """A drafter cannot be written in (or read from) a serving engine's format: the message names what does not fit."""
