@@ -26,7 +26,7 @@ from torch import nn
 
 from medusa_lite.drafters.medusa.config import MedusaConfig
 from medusa_lite.drafters.medusa.heads import MedusaHeads
-from medusa_lite.errors import ExportError
+from medusa_lite.errors import ExportError, MedusaError
 
 FORMAT = "vllm"
 MODEL_TYPE = "medusa"
@@ -124,16 +124,43 @@ def export_heads(heads: object, target_lm_head: nn.Module, out: str | Path, *, t
     return record
 
 
+REQUIRED_KEYS = ("hidden_size", "vocab_size", "num_heads", "num_hidden_layers")
+
+
+def read_vllm_config(path: Path) -> dict:
+    """A vLLM Medusa config.json, or :class:`ExportError` naming the file and what is wrong with it."""
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ExportError(
+            f"{path} does not exist: a vLLM Medusa folder holds config.json and model.safetensors"
+        ) from error
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ExportError(f"{path} cannot be read as JSON ({type(error).__name__}: {error})") from error
+    if not isinstance(config, dict) or config.get("model_type") != MODEL_TYPE:
+        found = config.get("model_type") if isinstance(config, dict) else type(config).__name__
+        raise ExportError(f"{path} is not a vLLM Medusa config (model_type {found!r}, expected {MODEL_TYPE!r})")
+    missing = [key for key in REQUIRED_KEYS if not isinstance(config.get(key), int) or isinstance(config[key], bool)]
+    if missing:
+        raise ExportError(f"{path} lacks an integer {', '.join(missing)}")
+    return config
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file, or :class:`ExportError` naming it."""
+    try:
+        return load_file(path)
+    except FileNotFoundError as error:
+        raise ExportError(f"{path} does not exist") from error
+    except Exception as error:  # safetensors raises its own errors for a truncated or malformed file
+        raise ExportError(f"{path} is not a readable safetensors file ({type(error).__name__}: {error})") from error
+
+
 def import_heads(folder: str | Path) -> MedusaHeads:
     """Medusa heads from a vLLM Medusa folder (as :func:`export_heads` writes it, or FasterDecoding's heads
     converted for vLLM), loaded strictly; ``ExportError`` for what medusa-lite's heads cannot hold."""
     folder = Path(folder)
-    config = json.loads((folder / CONFIG_FILE).read_text())
-    if config.get("model_type") != MODEL_TYPE:
-        raise ExportError(
-            f"{folder / CONFIG_FILE} is not a vLLM Medusa config (model_type {config.get('model_type')!r})"
-        )
-    tensors = load_file(folder / WEIGHTS_FILE)
+    config, tensors = read_vllm_config(folder / CONFIG_FILE), read_tensors(folder / WEIGHTS_FILE)
     if not config.get("medusa_fc_bias", False):
         raise ExportError(f"{folder}: heads without a bias in their residual blocks (medusa_fc_bias false)")
     shared = bool(config.get("original_lm_head", False))
@@ -170,5 +197,8 @@ def import_heads(folder: str | Path) -> MedusaHeads:
         raise ExportError(f"{folder / WEIGHTS_FILE}: tensors medusa-lite's heads do not hold: {sorted(tensors)}")
     if token_map is not None:
         state["draft_token_ids"] = token_map
-    heads.load_state_dict(state, strict=True)
+    try:
+        heads.load_state_dict(state, strict=True)
+    except MedusaError as error:  # misshapen tensors, bad token ids: named, with the file they came from
+        raise ExportError(f"{folder / WEIGHTS_FILE}: {error}") from error
     return heads

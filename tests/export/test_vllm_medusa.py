@@ -20,7 +20,7 @@ from medusa_lite import MedusaConfig, MedusaHeads, MedusaModel, generate
 from medusa_lite.cli import main as cli_main
 from medusa_lite.drafters.hydra.heads import HydraConfig, HydraHeads
 from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
-from medusa_lite.errors import ExportError
+from medusa_lite.errors import ExportError, MedusaError
 from medusa_lite.export import export_drafter
 from medusa_lite.export.vllm_medusa import import_heads
 
@@ -187,3 +187,42 @@ def test_the_command_exports_a_heads_folder_for_its_target(tmp_path, capsys):
         cli_main(["export", str(heads_dir), "--model", str(model_dir), "--out", str(out), "--format", "sglang"]) == 2
     )
     assert "no Medusa format" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "damage, named",
+    [
+        (lambda d: (d / "config.json").write_text("{not json"), "config.json cannot be read as JSON"),
+        (lambda d: (d / "config.json").write_text("[1, 2]"), "not a vLLM Medusa config"),
+        (lambda d: (d / "config.json").unlink(), "config.json does not exist"),
+        (lambda d: edit_config(d, model_type="llama"), "model_type 'llama'"),
+        (lambda d: edit_config(d, num_heads="3"), "lacks an integer num_heads"),
+        (lambda d: edit_config(d, medusa_fc_bias=False), "medusa_fc_bias false"),
+        (lambda d: truncate(d / "model.safetensors"), "model.safetensors is not a readable safetensors file"),
+        (lambda d: (d / "model.safetensors").unlink(), "model.safetensors does not exist"),
+        (
+            lambda d: edit_tensor(d, "blocks.0.layers.0.weight", torch.zeros(3, 3)),
+            "model.safetensors: .*wrong shapes heads.0.blocks.0.linear.weight",
+        ),
+    ],
+)
+def test_a_damaged_vllm_folder_is_refused_naming_the_file(damage, named, tmp_path):
+    base = tiny_base_model(vocab_size=VOCAB, seed=5)
+    export_drafter(random_heads(base), base.get_output_embeddings(), tmp_path)
+    damage(tmp_path)
+    with pytest.raises(MedusaError, match=named):
+        import_heads(tmp_path)
+
+
+def edit_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | changes))
+
+
+def truncate(path):
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def edit_tensor(folder, name, value):
+    tensors = load_file(folder / "model.safetensors")
+    save_file(tensors | {name: value}, folder / "model.safetensors")
