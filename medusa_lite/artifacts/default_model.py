@@ -26,7 +26,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from medusa_lite.dtypes import dtype_name
 from medusa_lite.errors import MedusaError
 from medusa_lite.extras import require_extra
-from medusa_lite.paths import cache_root
+from medusa_lite.paths import cache_root, existing_entry, writable_entry
 
 DEFAULT_MODEL_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
 DEFAULT_DTYPE = torch.bfloat16
@@ -116,9 +116,10 @@ def write_checkpoint_atomically(model: PreTrainedModel, tokenizer: PreTrainedTok
 
 def ensure_default_model(dtype: torch.dtype = DEFAULT_DTYPE) -> Path:
     """Path of the default model as a normal checkpoint, converting the GGUF file on first use."""
-    target = default_model_dir(dtype)
+    target = existing_entry(default_model_dir(dtype))
     if target.is_dir():
         return target
+    target = writable_entry(target)
     gguf_model, tokenizer = load_gguf_model()
     write_checkpoint_atomically(to_plain_checkpoint(gguf_model, dtype), tokenizer, target)
     return target

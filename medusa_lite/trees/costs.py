@@ -39,7 +39,7 @@ from medusa_lite.decoding.cache import reserved_cache
 from medusa_lite.decoding.model import MedusaModel, TargetOutput, cache_keyword, text_config
 from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree
 from medusa_lite.dtypes import dtype_name
-from medusa_lite.paths import cache_root
+from medusa_lite.paths import cache_root, existing_entry, writable_entry
 from medusa_lite.trees.tree import Tree
 
 COSTS_FORMAT = "medusa-lite-costs/7"  # /2: heads_cost became proposal_cost; /3: the key's prepack layout; /4: oneDNN;
@@ -280,12 +280,13 @@ def step_costs(
     """
     proposal = proposal if proposal is not None else heads_proposal(model, max_rows)
     key = cost_key(model, proposal)
-    path = cost_cache_path(key)
+    path = existing_entry(cost_cache_path(key))
     cached = read_cached_costs(path, key, max_rows)
     if cached is not None:
         return cached
     costs = measure_row_costs(model, max_rows, proposal)
     try:
+        path = writable_entry(path)
         write_cached_costs(path, costs)
         where = f"cached in {path}"
     except OSError as error:

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from medusa_lite.errors import MedusaError
-from medusa_lite.paths import cache_root
+from medusa_lite.paths import cache_root, existing_entry, writable_entry
 
 SOURCE = Path(__file__).resolve().parent / "row_gemm.c"
 BASE_FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC")
@@ -143,8 +143,9 @@ def variant_library(variant: str) -> ctypes.CDLL:
 
 @functools.cache
 def loaded_library(variant: str) -> ctypes.CDLL:
-    path = library_path(variant)
+    path = existing_entry(library_path(variant))
     if not path.is_file():
+        path = writable_entry(path)
         build_library(path, variant)
     try:
         library = ctypes.CDLL(str(path))
