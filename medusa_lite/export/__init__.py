@@ -41,10 +41,17 @@ def refusal(drafter: object, format: str) -> str | None:
 
 
 def export_drafter(
-    drafter: object, target_lm_head: nn.Module, out: str | Path, *, format: str = "vllm", target: str | None = None
+    drafter: object,
+    target_lm_head: nn.Module,
+    out: str | Path,
+    *,
+    format: str = "vllm",
+    target: str | None = None,
+    token_map: bool = False,
 ) -> dict:
-    """Write ``drafter`` into ``out`` in ``format``; returns what ``out/export.json`` holds."""
+    """Write ``drafter`` into ``out`` in ``format``; returns what ``out/export.json`` holds (``token_map``:
+    :func:`medusa_lite.export.vllm_medusa.export_heads`)."""
     reason = refusal(drafter, format)
     if reason is not None:
         raise ExportError(reason)
-    return vllm_medusa.export_heads(drafter, target_lm_head, out, target=target)
+    return vllm_medusa.export_heads(drafter, target_lm_head, out, target=target, token_map=token_map)

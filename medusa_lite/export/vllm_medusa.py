@@ -68,9 +68,9 @@ def check_expressible(heads: object, target_lm_head: nn.Module) -> MedusaHeads:
     return heads
 
 
-def vllm_config(config: MedusaConfig) -> dict:
+def vllm_config(config: MedusaConfig, token_map: bool = False) -> dict:
     """config.json as vLLM's ``MedusaConfig`` reads it: every size written, nothing of the target's."""
-    draft_vocab = config.draft_vocab_size
+    draft_vocab = config.draft_vocab_size if token_map else None
     return {
         "model_type": MODEL_TYPE,
         "architectures": [ARCHITECTURE],
@@ -85,7 +85,7 @@ def vllm_config(config: MedusaConfig) -> dict:
     }
 
 
-def vllm_tensors(heads: MedusaHeads, target_lm_head: nn.Module) -> dict[str, torch.Tensor]:
+def vllm_tensors(heads: MedusaHeads, target_lm_head: nn.Module, token_map: bool = False) -> dict[str, torch.Tensor]:
     """The tensors vLLM's Medusa model loads, named as it names them (contiguous copies, the heads' dtype)."""
     tensors = {}
     for i, head in enumerate(heads.heads):
@@ -96,7 +96,7 @@ def vllm_tensors(heads: MedusaHeads, target_lm_head: nn.Module) -> dict[str, tor
             tensors[lm_head_name(i)] = head.lm_head.weight
     if heads.config.use_base_lm_head:
         tensors[SHARED_LM_HEAD] = target_lm_head.weight.to(heads.heads[0].blocks[0].linear.weight.dtype)
-    if heads.draft_token_ids is not None:
+    if token_map and heads.draft_token_ids is not None:
         tensors[TOKEN_MAP] = heads.draft_token_ids.to(torch.int64)
     return {name: tensor.detach().contiguous().clone() for name, tensor in tensors.items()}
 
@@ -106,18 +106,31 @@ def speculative_config(folder: str | Path, num_heads: int) -> dict:
     return {"method": MODEL_TYPE, "model": str(folder), "num_speculative_tokens": num_heads}
 
 
-def export_heads(heads: object, target_lm_head: nn.Module, out: str | Path, *, target: str | None = None) -> dict:
-    """Write ``heads`` into ``out`` for vLLM (config.json, model.safetensors, export.json); returns export.json."""
+def export_heads(
+    heads: object, target_lm_head: nn.Module, out: str | Path, *, target: str | None = None, token_map: bool = False
+) -> dict:
+    """Write ``heads`` into ``out`` for vLLM (config.json, model.safetensors, export.json); returns export.json.
+
+    Heads with a draft vocabulary: by default vLLM's heads guess among the whole vocabulary (the
+    shared lm_head in full). ``token_map=True`` writes vLLM's truncated-vocabulary layout instead
+    (``truncated_vocab_size`` + ``token_map``: the same guesses as medusa-lite's), which vLLM 0.32's
+    own weight check refuses ("Following weights were not initialized from checkpoint: {'token_map'}":
+    its loader never reports the token map as loaded).
+    """
     heads = check_expressible(heads, target_lm_head)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / CONFIG_FILE).write_text(json.dumps(vllm_config(heads.config), indent=2) + "\n")
-    save_file(vllm_tensors(heads, target_lm_head), out / WEIGHTS_FILE, metadata={"format": "pt"})
+    (out / CONFIG_FILE).write_text(json.dumps(vllm_config(heads.config, token_map), indent=2) + "\n")
+    save_file(vllm_tensors(heads, target_lm_head, token_map), out / WEIGHTS_FILE, metadata={"format": "pt"})
+    restricted = token_map and heads.config.draft_vocab_size is not None
     record = {
         "format": FORMAT,
         "kind": "medusa_heads",
         "target": target or heads.config.base_model_name_or_path,
         "speculative_config": speculative_config(out.resolve(), heads.config.num_heads),
+        "guesses_among": f"{heads.config.draft_vocab_size} draft-vocabulary tokens (token_map)"
+        if restricted
+        else "the whole vocabulary",
         "notes": "vLLM proposes a chain: head i's top-1 guess at depth i + 1 (no tree)",
     }
     (out / "export.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -74,8 +74,11 @@ def vllm_medusa_guesses(folder, hidden: torch.Tensor, num_speculative_tokens: in
     return torch.stack(guesses, dim=-1)
 
 
-def medusa_lite_guesses(heads: MedusaHeads, base, hidden: torch.Tensor) -> torch.Tensor:
-    """Each head's top guess, as medusa-lite decodes it: a full-vocabulary token id [N, k]."""
+def medusa_lite_guesses(heads: MedusaHeads, base, hidden: torch.Tensor, whole_vocabulary: bool) -> torch.Tensor:
+    """Each head's top guess as a full-vocabulary token id [N, k]: as medusa-lite decodes it (among its draft
+    vocabulary), or among the whole vocabulary through the shared lm_head."""
+    if whole_vocabulary:
+        return F.linear(heads(hidden), base.get_output_embeddings().weight).argmax(-1)
     return heads.guess_ids(heads.project(heads(hidden), base.get_output_embeddings()).argmax(-1))
 
 
@@ -85,15 +88,20 @@ def target_hidden(base, tokens: int = 12) -> torch.Tensor:
         return base(prompt, output_hidden_states=True).hidden_states[-1][0]
 
 
-@pytest.mark.parametrize("layout", ["shared lm_head", "shared lm_head, draft vocab", "own lm_heads"])
+LAYOUTS = ["shared lm_head", "draft vocab, token_map", "draft vocab, whole vocabulary", "own lm_heads"]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
 def test_exported_files_are_what_vllms_loader_reads_and_guess_what_the_heads_guess(layout, tmp_path):
     base = tiny_base_model(vocab_size=VOCAB, seed=5)
     heads = {
         "shared lm_head": lambda: random_heads(base, num_heads=3, num_layers=2),
-        "shared lm_head, draft vocab": lambda: draft_vocab_heads(base),
+        "draft vocab, token_map": lambda: draft_vocab_heads(base),
+        "draft vocab, whole vocabulary": lambda: draft_vocab_heads(base),
         "own lm_heads": lambda: random_heads(base, num_heads=3, use_base_lm_head=False),
     }[layout]()
-    record = export_drafter(heads, base.get_output_embeddings(), tmp_path, target="tiny-llama")
+    token_map = layout == "draft vocab, token_map"
+    record = export_drafter(heads, base.get_output_embeddings(), tmp_path, target="tiny-llama", token_map=token_map)
     config = json.loads((tmp_path / "config.json").read_text())
     assert set(config) - {"base_model_name_or_path"} == VLLM_CONFIG_KEYS
     renamed = [key for key in config if "num" in key and ("heads" in key or "layers" in key)]
@@ -109,9 +117,11 @@ def test_exported_files_are_what_vllms_loader_reads_and_guess_what_the_heads_gue
         assert tensors["lm_head.weight"].shape == (VOCAB, hidden_size)
     else:
         assert all(tensors[f"lm_heads.{i}.weight"].shape == (VOCAB, hidden_size) for i in range(3))
-    if heads.config.draft_vocab_size is not None:
+    if token_map:
         assert config["truncated_vocab_size"] == DRAFT_VOCAB
         assert tensors["token_map"].dtype == torch.int64 and tensors["token_map"].shape == (DRAFT_VOCAB,)
+    else:
+        assert config["truncated_vocab_size"] == VOCAB and "token_map" not in tensors
     assert all(tensor.dtype in (torch.float32, torch.int64) for tensor in tensors.values())
     assert record["speculative_config"] == {
         "method": "medusa",
@@ -122,7 +132,7 @@ def test_exported_files_are_what_vllms_loader_reads_and_guess_what_the_heads_gue
 
     hidden = target_hidden(base)
     with torch.no_grad():
-        expected = medusa_lite_guesses(heads, base, hidden)
+        expected = medusa_lite_guesses(heads, base, hidden, whole_vocabulary=layout == "draft vocab, whole vocabulary")
         assert torch.equal(vllm_medusa_guesses(tmp_path, hidden, 3), expected)
         assert torch.equal(vllm_medusa_guesses(tmp_path, hidden, 2), expected[:, :2]), "fewer tokens: the first heads"
 
@@ -130,7 +140,7 @@ def test_exported_files_are_what_vllms_loader_reads_and_guess_what_the_heads_gue
 def test_export_then_import_decodes_identically(tmp_path):
     base = tiny_base_model(vocab_size=VOCAB, seed=5)
     heads = draft_vocab_heads(base)
-    export_drafter(heads, base.get_output_embeddings(), tmp_path)
+    export_drafter(heads, base.get_output_embeddings(), tmp_path, token_map=True)
     back = import_heads(tmp_path)
     original, restored = heads.state_dict(), back.state_dict()
     assert original.keys() == restored.keys()
