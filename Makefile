@@ -39,7 +39,7 @@ $(VLLM_VENV)/.installed:
 	touch $@
 
 test-serving: install $(VLLM_VENV)/.installed
-	$(PY) -m pytest -q -m serving tests/serving
+	$(PY) -m pytest -q -m serving tests/export/test_vllm_serving.py
 
 lint: install
 	$(PY) -m ruff check .

@@ -1,6 +1,6 @@
 """Run a script against the medusa_lite of another checkout (the editable install's finder set aside).
 
-python experiments/run_other_checkout.py CHECKOUT SCRIPT [ARGS...]
+python benchmarks/options_speed/run_other_checkout.py CHECKOUT SCRIPT [ARGS...]
 """
 
 import runpy
