@@ -10,7 +10,6 @@ Writes tokens/s per way and whether every output is identical to plain greedy.
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import torch
 
 from medusa_lite import load
 from medusa_lite.artifacts.loading import DEFAULT_HEADS_DIR, load_target
+from medusa_lite.bench.measure import machine_info
 from medusa_lite.bench.questions import DEFAULT_QUESTIONS, read_questions, stratified_subset
 
 
@@ -64,10 +64,7 @@ def main() -> None:
             tokens[name] += out.shape[1] - inputs["input_ids"].shape[1]
             identical[name] += bool(torch.equal(out, reference))
     results = {
-        "machine": platform.processor() or platform.machine(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "dtype": "float32",
+        "machine": machine_info(torch.float32, base),
         "questions": len(questions),
         "max_new_tokens": args.max_new_tokens,
         "tokens_per_second": {name: tokens[name] / seconds[name] for name in ways},

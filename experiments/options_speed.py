@@ -17,13 +17,13 @@ medusa/plain ratios compared. Writes tokens/s, steps, seconds per verification s
 
 import argparse
 import json
-import platform
 import time
 from pathlib import Path
 
 import torch
 
 from medusa_lite import generate, load
+from medusa_lite.bench.measure import chat_input_ids, machine_info
 from medusa_lite.bench.questions import DEFAULT_QUESTIONS, read_questions, stratified_subset
 
 REPETITION_PENALTY = 1.2  # a common setting; strong enough to change greedy answers
@@ -66,11 +66,8 @@ def main() -> None:
     outputs = {name: [] for name in ways}
     questions = stratified_subset(read_questions(DEFAULT_QUESTIONS), args.questions)
     for question in questions:
-        messages = [{"role": "user", "content": question["turns"][0]}]
-        inputs = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )
-        ids, mask = inputs["input_ids"], inputs["attention_mask"]
+        ids = chat_input_ids(tokenizer, question["turns"][0])
+        mask = torch.ones_like(ids)
         for name, way in ways.items():
             start = time.perf_counter()
             out, used_steps = way(ids, mask)
@@ -87,10 +84,7 @@ def main() -> None:
 
     rate = {name: tokens[name] / seconds[name] for name in ways}
     results = {
-        "machine": platform.processor() or platform.machine(),
-        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
-        "dtype": "float32",
+        "machine": machine_info(torch.float32, model.base_model),
         "questions": len(questions),
         "max_new_tokens": args.max_new_tokens,
         "repetition_penalty": REPETITION_PENALTY,

@@ -361,7 +361,7 @@ def generate(
         """The scores every node's token is picked from: its logits, processed with its own prefix when asked."""
         return processed_scores(scoring.processors, history, draft, logits) if scoring.processes else logits
 
-    def commit(tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor) -> bool:
+    def commit(tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor | None) -> bool:
         """Append accepted tokens (``scores`` / ``logits``: each one's row it was picked from); True when
         generation is finished."""
         nonlocal history
@@ -416,7 +416,7 @@ def generate(
         if pricing is not None:
             gate = gate_after_step(gate, pricing, speculates, draft, path, room)
             stats.plain_steps += not speculates
-        finished = commit(accepted, scores[path], verified.logits[path])
+        finished = commit(accepted, scores[path], verified.logits[path] if output_logits else None)
 
     sequences = history[None]
     if streamer is not None:

@@ -235,8 +235,9 @@ class TokenScores:
     def asked(cls, output_scores: bool, output_logits: bool, settings: SamplingSettings) -> TokenScores:
         return cls(sampling_warpers(settings), [] if output_scores else None, [] if output_logits else None)
 
-    def keep(self, scores: torch.Tensor, logits: torch.Tensor, count: int) -> None:
-        """Keep the first ``count`` rows of ``scores`` and ``logits`` [n, V]: the tokens committed."""
+    def keep(self, scores: torch.Tensor, logits: torch.Tensor | None, count: int) -> None:
+        """Keep the first ``count`` rows of ``scores`` and ``logits`` [n, V]: the tokens committed (``logits``
+        may be None when they were not asked for)."""
         if self.scores is not None:
             rows = scores[:count].to(dtype=torch.float32, copy=True)
             rows = self.warpers(torch.empty(count, 0, dtype=torch.long, device=rows.device), rows)

@@ -74,8 +74,7 @@ REFUSED_FAMILIES = {
 
 
 def family_model(family: str, **extra):
-    config_class = type(AutoConfig.for_model(family))
-    implementation = tree_attention_implementation(model_class_for(config_class()))
+    implementation = tree_attention_implementation(model_class_for(AutoConfig.for_model(family)))
     return tiny_base_model(family, vocab_size=VOCAB, seed=1, attn_implementation=implementation, **extra)
 
 

@@ -12,7 +12,6 @@ same heads on a chain of the same depth (what vLLM's Medusa proposes) and on its
 
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 
 from medusa_lite import generate, load
 from medusa_lite.artifacts.default_model import ensure_default_model
+from medusa_lite.bench.measure import chat_input_ids, machine_info
 from medusa_lite.bench.questions import DEFAULT_QUESTIONS, read_questions, stratified_subset
 from medusa_lite.export import export_drafter
 
@@ -59,12 +59,7 @@ def trained_heads() -> Path:
 
 def chat_prompts(tokenizer) -> list[list[int]]:
     questions = stratified_subset(read_questions(DEFAULT_QUESTIONS), QUESTIONS)
-    return [
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": q["turns"][0]}], add_generation_prompt=True, return_dict=False
-        )
-        for q in questions
-    ]
+    return [chat_input_ids(tokenizer, q["turns"][0])[0].tolist() for q in questions]
 
 
 def medusa_lite_run(model, prompts: list[list[int]], **options) -> dict:
@@ -116,9 +111,7 @@ def test_vllm_serves_exported_heads_token_identical_to_its_plain_greedy():
         "shipped heads (not exportable), default": medusa_lite_run(shipped, prompts),
     }
     summary = {
-        "machine": f"{platform.processor() or platform.machine()}, torch capability "
-        f"{torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads",
-        "dtype": "float32",
+        "machine": machine_info(torch.float32, model.base_model),
         "vllm_version": served["vllm_version"],
         "prompts": f"{len(prompts)} Spec-Bench questions (stratified), first turn, chat template",
         "max_tokens": MAX_TOKENS,
