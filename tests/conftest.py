@@ -12,10 +12,21 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 KERNEL_SKIP_REASON = re.compile(r"row_gemm|kernel|AVX|oneDNN|packed", re.IGNORECASE)
 
 
+# Tests whose subject is threaded code keep torch's own thread count: the kernels pass torch.get_num_threads()
+# to OpenMP, so one thread there would leave their multi-threaded split untested.
+KEEP_THREADS_FOLDERS = {"cpu"}
+
+
 @pytest.fixture(autouse=True)
-def _deterministic_threads():
+def _deterministic_threads(request):
+    """Seed 0, and one intra-op thread for the tiny models (they gain nothing from threads and lose a lot on
+    2 shared cores); each test starts from the same count whatever an earlier one set (``--threads`` leaks)."""
     torch.manual_seed(0)
+    previous = torch.get_num_threads()
+    if request.path.parent.name not in KEEP_THREADS_FOLDERS:
+        torch.set_num_threads(1)
     yield
+    torch.set_num_threads(previous)
 
 
 def skip_reason(report) -> str:

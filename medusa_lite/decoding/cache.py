@@ -67,3 +67,39 @@ class ReservedLayer(DynamicLayer):
 def reserved_cache(model: MedusaModel, capacity: int) -> Cache:
     """An empty KV cache for ``model``'s target with room for ``capacity`` positions in every layer."""
     return Cache(layers=[ReservedLayer(capacity) for _ in range(text_config(model.base_model).num_hidden_layers)])
+
+
+# -- a batch: one cache row per sequence (medusa_lite.decoding.batch) ------------------------------
+def keep_accepted_per_sequence(
+    cache: Cache, prefix: int, committed: torch.Tensor, paths: list[torch.Tensor]
+) -> torch.Tensor:
+    """After a batched step written at slots ``[prefix, ...)``: move each sequence b's accepted nodes ``paths[b]``
+    (root first) to the slots after its ``committed[b]`` entries, cut the cache after the longest sequence, and
+    return the new ``committed``. Only accepted entries move."""
+    lengths = torch.tensor([path.numel() for path in paths], device=committed.device)
+    widest = int(lengths.max())
+    # Pad each sequence's moves by repeating its last one (the same entry written twice).
+    sources = torch.stack([torch.cat([path, path[-1:].repeat(widest - path.numel())]) for path in paths]) + prefix
+    steps = torch.minimum(torch.arange(widest, device=committed.device)[None], lengths[:, None] - 1)
+    targets = committed[:, None] + steps
+    new_committed = committed + lengths
+    new_length = int(new_committed.max())
+    device = cache.layers[0].keys.device
+    sequences, sources, targets = (
+        torch.arange(len(paths), device=device)[:, None],
+        sources.to(device),
+        targets.to(device),
+    )
+    for layer in cache.layers:
+        layer.keys[sequences, :, targets] = layer.keys[sequences, :, sources]
+        layer.values[sequences, :, targets] = layer.values[sequences, :, sources]
+        layer.keys, layer.values = layer.keys[..., :new_length, :], layer.values[..., :new_length, :]
+    return new_committed
+
+
+def keep_sequences(cache: Cache, sequences: torch.Tensor, length: int) -> None:
+    """Keep only the cache rows ``sequences`` (the batch's unfinished sequences), cut to ``length`` slots."""
+    for layer in cache.layers:
+        layer.key_buffer = layer.key_buffer[sequences.to(layer.key_buffer.device)]
+        layer.value_buffer = layer.value_buffer[sequences.to(layer.value_buffer.device)]
+        layer.keys, layer.values = layer.key_buffer[..., :length, :], layer.value_buffer[..., :length, :]

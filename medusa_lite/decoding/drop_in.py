@@ -17,7 +17,7 @@ from transformers import GenerationConfig
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from medusa_lite.decoding.generate import generate
-from medusa_lite.decoding.inputs import as_prompt
+from medusa_lite.decoding.inputs import as_prompts
 from medusa_lite.decoding.model import MedusaModel
 from medusa_lite.errors import GenerationInputError
 
@@ -163,7 +163,7 @@ def generate_like_transformers(
     refused = refused_options(options)
     if refused:
         raise GenerationInputError(
-            f"medusa-lite cannot apply {', '.join(refused)} exactly (it decodes one sequence with exact "
+            f"medusa-lite cannot apply {', '.join(refused)} exactly (it decodes each sequence with exact "
             f"speculative decoding; it applies {', '.join(sorted(HANDLED_OPTIONS))})"
         )
     unset = {key for key in TRANSFORMERS_ONLY_KEYWORDS & set(others) if others[key] is None or others[key] is False}
@@ -178,14 +178,17 @@ def generate_like_transformers(
     input_ids = inputs if inputs is not None else input_ids
     if input_ids is None:
         raise GenerationInputError("no prompt given: pass input_ids (e.g. **tokenizer(text, return_tensors='pt'))")
-    prompt = as_prompt(input_ids, model.device, others.pop("attention_mask", None))
-    most, fewest = new_token_counts(options, prompt.numel())
+    attention_mask = others.pop("attention_mask", None)
+    ids, _ = as_prompts(input_ids, model.device, attention_mask)  # checked here for its length; generate reads it
+    most, fewest = new_token_counts(options, ids.shape[1])
     max_time = options.get("max_time")
     as_dict = bool(options.get("return_dict_in_generate"))  # scores and logits come only with it, as in transformers
     output = generate(
         model,
-        prompt,
+        input_ids,
         most,
+        attention_mask=attention_mask,
+        pad_token_id=options.get("pad_token_id"),
         **sampling_arguments(options),
         eos_token_id=options.get("eos_token_id"),
         repetition_penalty=options.get("repetition_penalty"),

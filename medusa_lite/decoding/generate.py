@@ -14,25 +14,26 @@ rule and its proof are in :mod:`medusa_lite.decoding.acceptance` (../shared/DESI
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
 from medusa_lite.decoding.acceptance import accept, accepted_path
 from medusa_lite.decoding.architectures import check_architecture
+from medusa_lite.decoding.batch import generate_batch
 from medusa_lite.decoding.cache import reserved_cache
 from medusa_lite.decoding.inputs import (
-    as_datastore,
-    as_prompt,
+    as_prompts,
+    check_batch_outputs,
     check_context,
     check_generator,
-    check_lookup_tokens,
     check_max_new_tokens,
     check_streamer,
     check_token_ids,
     checked_model_in_eval_mode,
     context_limit,
     eos_ids,
+    pad_id,
 )
 from medusa_lite.decoding.model import MedusaModel, TargetOutput, check_tree_attention_supported, text_config
 from medusa_lite.decoding.options import (
@@ -44,25 +45,27 @@ from medusa_lite.decoding.options import (
     stop_criteria,
 )
 from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
-from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
-from medusa_lite.drafters.medusa.proposer import (
-    MedusaHeadsProposer,
-    default_proposers,
-    heads_draft,
-    model_proposers,
-    tree_tokens,
+from medusa_lite.decoding.steps import (
+    GenerationOutput,
+    GenerationStats,
+    cut_at_eos,
+    gate_after_step,
+    heads_tree,
+    record_step,
+    resolve_proposers,
+    split_side_logits,
+    stacked_side_rows,
+    start,
 )
-from medusa_lite.errors import GenerationInputError
+from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree, verify_with_side_rows
+from medusa_lite.drafters.medusa.proposer import heads_draft, tree_tokens
 from medusa_lite.proposers.base import (
     Proposer,
     SideRows,
     StepContext,
-    StepLimits,
     StepOutcome,
     TargetStates,
-    as_proposers,
     propose_draft,
-    row_budgets,
 )
 from medusa_lite.proposers.datastore import Datastore
 from medusa_lite.proposers.lookup import (
@@ -71,7 +74,7 @@ from medusa_lite.proposers.lookup import (
     TRUSTED_MATCH_TOKENS,
     lookup_chain,
 )
-from medusa_lite.trees.draft import DATASTORE_SOURCE, LOOKUP_SOURCES, DraftTree, root_draft
+from medusa_lite.trees.draft import DraftTree, root_draft
 from medusa_lite.trees.dynamic_tree import DynamicTree, SpeculationGate
 from medusa_lite.trees.tree import Tree
 
@@ -89,134 +92,16 @@ __all__ = [  # the loop, and names other modules and scripts import from here
 ]
 
 
-@dataclass
-class GenerationStats:
-    """What happened during one ``generate`` call.
-
-    Convention: ``mean_accepted_tokens`` = new tokens / calls of the target, the prefill
-    included, so plain decoding scores exactly 1.00 and the bonus token is counted.
-    ``mean_tokens_per_step`` leaves the prefill and its token out: tokens per verification step,
-    what Spec-Bench and the Medusa/EAGLE papers report as "mean accepted tokens".
-    """
-
-    tree_nodes: int
-    tree_depth: int
-    new_tokens: int = 0
-    target_calls: int = 0
-    tokens_per_step: list[int] = field(default_factory=list)  # per verification step, bonus included
-    accepted_at_depth: list[int] = field(default_factory=list)  # [d-1]: steps that accepted a guess at depth d
-    lookup_steps: int = 0  # steps whose accepted path used a guess only a lookup (prompt or datastore) made
-    datastore_steps: int = 0  # of those, steps whose lookup chain came from the datastore
-    verified_rows: int = 0  # tree + lookup rows verified, summed over steps
-    plain_steps: int = 0  # steps taken without guesses because speculation was not paying (SpeculationGate)
-    accepted_by_source: dict[str, int] = field(default_factory=dict)  # accepted guesses by proposer (no bonus tokens)
-
-    @property
-    def steps(self) -> int:
-        """Verification steps (target calls after the prefill)."""
-        return len(self.tokens_per_step)
-
-    @property
-    def mean_accepted_tokens(self) -> float:
-        return self.new_tokens / self.target_calls if self.target_calls else 0.0
-
-    @property
-    def mean_tokens_per_step(self) -> float:
-        return sum(self.tokens_per_step) / self.steps if self.steps else 0.0
-
-    @property
-    def mean_verified_rows(self) -> float:
-        """Rows (tree nodes + lookup guesses, the root included) the target verified per step."""
-        return self.verified_rows / self.steps if self.steps else 0.0
-
-    @property
-    def acceptance_rate_by_depth(self) -> list[float]:
-        return [count / self.steps if self.steps else 0.0 for count in self.accepted_at_depth]
-
-    def as_dict(self) -> dict:
-        return {
-            "new_tokens": self.new_tokens,
-            "target_calls": self.target_calls,
-            "steps": self.steps,
-            "mean_accepted_tokens": self.mean_accepted_tokens,
-            "mean_tokens_per_step": self.mean_tokens_per_step,
-            "tokens_per_step": list(self.tokens_per_step),
-            "accepted_at_depth": list(self.accepted_at_depth),
-            "acceptance_rate_by_depth": self.acceptance_rate_by_depth,
-            "lookup_steps": self.lookup_steps,
-            "datastore_steps": self.datastore_steps,
-            "verified_rows": self.verified_rows,
-            "plain_steps": self.plain_steps,
-            "accepted_by_source": dict(self.accepted_by_source),
-            "mean_verified_rows": self.mean_verified_rows,
-            "tree_nodes": self.tree_nodes,
-            "tree_depth": self.tree_depth,
-        }
-
-
-@dataclass
-class GenerationOutput:
-    sequences: torch.Tensor  # [1, prompt + new tokens], like model.generate
-    stats: GenerationStats
-    # With output_scores / output_logits, as model.generate returns them: one [1, V] tensor per new token.
-    scores: tuple[torch.Tensor, ...] | None = None
-    logits: tuple[torch.Tensor, ...] | None = None
-
-
-# -- choosing the proposers --------------------------------------------------------------------
-def resolve_proposers(
-    model: MedusaModel, proposers, tree, lookup_tokens, datastore, datastore_tokens
-) -> tuple[Proposer, ...]:
-    """``proposers`` as given; else the shorthands' heads + lookups when any is given; else ``model.proposers``."""
-    shorthands = {"tree": tree, "lookup_tokens": lookup_tokens, "datastore": datastore}
-    shorthands["datastore_tokens"] = datastore_tokens
-    given = [name for name, value in shorthands.items() if value is not None]
-    if proposers is not None:
-        if given:
-            raise GenerationInputError(
-                f"give either proposers= or the shorthands {', '.join(given)}= (they build the default set), not both"
-            )
-        return as_proposers(proposers)
-    if not given:
-        return model_proposers(model)
-    lookup_tokens = check_lookup_tokens(DEFAULT_LOOKUP_TOKENS if lookup_tokens is None else lookup_tokens)
-    datastore_tokens = DEFAULT_DATASTORE_TOKENS if datastore_tokens is None else datastore_tokens
-    datastore_tokens = check_lookup_tokens(datastore_tokens, "datastore_tokens")
-    datastore = as_datastore(True if datastore is None else datastore, model)
-    return default_proposers(tree, lookup_tokens, datastore, datastore_tokens)
-
-
-def start(
-    proposers: Sequence[Proposer], model: MedusaModel, prompt: torch.Tensor, max_depth: int
-) -> tuple[list[Proposer], list[int]]:
-    """(the proposers running this generation, each one's most nodes per step)."""
-    budgets = row_budgets(proposers, model, max_depth)
-    rows_before = [1 + sum(budgets[:i]) for i in range(len(budgets))]
-    running = [p.begin(model, prompt, StepLimits(model, max_depth, rows)) for p, rows in zip(proposers, rows_before)]
-    return running, budgets
-
-
-def heads_tree(running: Sequence[Proposer]) -> Tree | DynamicTree:
-    """The tree the heads decode with this generation (the root alone without heads), for the stats."""
-    return next((p.tree for p in running if isinstance(p, MedusaHeadsProposer)), Tree(()))
-
-
 # -- verify, accept and commit -----------------------------------------------------------------
 def verify_draft_and_side_rows(
     model: MedusaModel, cache, draft: DraftTree, sides: Sequence[SideRows | None]
 ) -> tuple[TargetOutput, list[torch.Tensor | None]]:
     """:func:`verify_draft`, with the proposers' side rows (None: none) in the same forward; each one's logits."""
-    present = [side for side in sides if side is not None]
-    if not present:
+    stacked = stacked_side_rows(sides)
+    if stacked is None:
         return verify_draft(model, cache, draft), [None] * len(sides)
-    stacked = SideRows(
-        torch.cat([side.tokens for side in present]),
-        torch.cat([side.offsets for side in present]),
-        torch.block_diag(*[side.mask for side in present]),
-    )
     verified, logits = verify_with_side_rows(model, cache, draft, draft.tokens, stacked)
-    split = iter(logits.split([side.tokens.numel() for side in present]))
-    return verified, [None if side is None else next(split) for side in sides]
+    return verified, split_side_logits(sides, logits)
 
 
 def verify_draft(model: MedusaModel, cache, draft: DraftTree) -> TargetOutput:
@@ -226,39 +111,6 @@ def verify_draft(model: MedusaModel, cache, draft: DraftTree) -> TargetOutput:
         return verify_tree(model, cache, draft, draft.tokens)
     out = model.target_forward(draft.tokens[None], cache=cache, use_cache=True)
     return out.select(0)
-
-
-def gate_after_step(gate: SpeculationGate, pricing: DynamicTree, speculated: bool, draft: DraftTree, path, room: int):
-    """The speculation gate after a step: a dynamic tree prices it with this machine's step costs."""
-    if not speculated:
-        return gate.after_plain_step()
-    asked_proposer = pricing.pruned(room).depth > 0 and pricing.max_nodes > 1
-    return gate.after_speculative_step(path.numel(), pricing.step_cost(draft.num_nodes, asked_proposer))
-
-
-def cut_at_eos(tokens: torch.Tensor, eos: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """Tokens up to and including the first EOS, and whether one was found."""
-    if eos.numel() == 0:
-        return tokens, False
-    hits = torch.nonzero(torch.isin(tokens, eos)).flatten()
-    if hits.numel() == 0:
-        return tokens, False
-    return tokens[: int(hits[0]) + 1], True
-
-
-def record_step(stats: GenerationStats, draft: DraftTree, path: torch.Tensor) -> None:
-    """Count one verification step (guesses may reach deeper than the heads' tree)."""
-    sources = [draft.sources[node] for node in path[1:].tolist()]
-    accepted_guesses = len(sources)
-    stats.accepted_at_depth.extend([0] * (accepted_guesses - len(stats.accepted_at_depth)))
-    for depth in range(accepted_guesses):
-        stats.accepted_at_depth[depth] += 1
-    for source in sources:
-        stats.accepted_by_source[source] = stats.accepted_by_source.get(source, 0) + 1
-    stats.tokens_per_step.append(accepted_guesses + 1)
-    stats.lookup_steps += any(source in LOOKUP_SOURCES for source in sources)
-    stats.datastore_steps += DATASTORE_SOURCE in sources
-    stats.verified_rows += draft.num_nodes
 
 
 # -- the loop ----------------------------------------------------------------------------------
@@ -292,6 +144,7 @@ def generate(
     stopping_criteria=None,
     output_scores: bool = False,
     output_logits: bool = False,
+    pad_token_id: int | None = None,
 ) -> GenerationOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` with exact speculative decoding.
 
@@ -308,9 +161,13 @@ def generate(
     ``streamer`` receives the prompt, then each step's accepted tokens (e.g.
     ``transformers.TextStreamer``). Generation stops at any of ``eos_token_id`` (default: the
     model's), included in the output. ``input_ids`` may be a tokenizer's output (``BatchEncoding``
-    or dict; ``generate(model, **inputs)`` works too), ``attention_mask`` all ones (one sequence,
-    no padding). The model is in eval mode during the call (greedy is then deterministic), its
-    own mode restored after. Every argument is checked by :mod:`medusa_lite.decoding.inputs`. Where the
+    or dict; ``generate(model, **inputs)`` works too). A batch ``[B, L]`` of left-padded prompts with its
+    ``attention_mask`` decodes every row exactly as it would alone, in one verification forward per step
+    (:mod:`medusa_lite.decoding.batch`); ``.sequences`` is laid out as ``model.generate`` lays it out, rows that
+    end early filled with ``pad_token_id`` (default: the model's pad token, else its EOS), ``.row_stats``
+    each row's statistics. A batch takes no ``streamer`` and no ``output_scores`` / ``output_logits``.
+    The model is in eval mode during the call (greedy is then deterministic), its own mode restored after.
+    Every argument is checked by :mod:`medusa_lite.decoding.inputs`. Where the
     heads' tree is dynamic (it knows this machine's step costs), speculation pauses while it does
     not pay (:class:`~medusa_lite.trees.dynamic_tree.SpeculationGate`).
 
@@ -328,26 +185,44 @@ def generate(
     proposers = resolve_proposers(model, proposers, tree, lookup_tokens, datastore, datastore_tokens)
     check_tree_attention_supported(model.base_model)
     check_architecture(text_config(model.base_model))  # a family no tree mask verifies: refused before any work
-    prompt = as_prompt(input_ids, model.device, attention_mask)
-    check_token_ids(prompt, model.vocab_size)
-    check_context(prompt.numel(), max_new_tokens, context_limit(model))
+    ids, padding = as_prompts(input_ids, model.device, attention_mask)
+    for row, pad in enumerate(padding.tolist()):
+        check_token_ids(ids[row, pad:], model.vocab_size)
+    check_context(ids.shape[1] - int(padding.min()), max_new_tokens, context_limit(model))
     eos = eos_ids(eos_token_id, model)
-    scoring = ScoreOptions(
-        score_processors(
-            prompt.numel(),
-            eos,
-            repetition_penalty=repetition_penalty,
-            no_repeat_ngram_size=no_repeat_ngram_size,
-            min_new_tokens=min_new_tokens,
-            bad_words_ids=bad_words_ids,
-            logits_processor=logits_processor,
-        ),
-        stop_criteria(
-            stop_strings=stop_strings, tokenizer=tokenizer, max_time=max_time, stopping_criteria=stopping_criteria
-        ),
+    processor_options = dict(
+        repetition_penalty=repetition_penalty,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+        min_new_tokens=min_new_tokens,
+        bad_words_ids=bad_words_ids,
+        logits_processor=logits_processor,
     )
+    stop_options = dict(stop_strings=stop_strings, tokenizer=tokenizer, max_time=max_time)
+
+    def scoring_for(prompt_length: int) -> ScoreOptions:
+        """The options as one row's processors and stop criteria (``min_new_tokens`` counts from its prompt)."""
+        processors = score_processors(prompt_length, eos, **processor_options)
+        return ScoreOptions(processors, stop_criteria(**stop_options, stopping_criteria=stopping_criteria))
+
     check_generator(generator, model.device)
     check_streamer(streamer)
+    if ids.shape[0] > 1 or int(padding[0]):
+        check_batch_outputs(streamer, output_scores, output_logits)
+        pad = pad_id(pad_token_id, model, eos)
+        return generate_batch(
+            model,
+            ids,
+            padding,
+            max_new_tokens,
+            settings=settings,
+            proposers=proposers,
+            eos=eos,
+            scoring_for=scoring_for,
+            generator=generator,
+            pad_token_id=pad,
+        )
+    prompt = ids[0]
+    scoring = scoring_for(prompt.numel())
     running, budgets = start(proposers, model, prompt, max_new_tokens - 1)
 
     shape = heads_tree(running)

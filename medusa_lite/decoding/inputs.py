@@ -4,8 +4,8 @@ Each check raises a ``GenerationInputError`` naming the argument, what it got an
 instead, and returns the value in the one form the decoding loop uses (a Python int, a 1-D long
 tensor...). Numbers follow :mod:`medusa_lite.values`: numpy scalars and 0-d tensors are accepted
 where a number is meant, booleans never are. The prompt may be what a tokenizer returns: a tensor,
-a ``BatchEncoding`` or dict with ``input_ids`` (and an ``attention_mask``, which must mark no
-padding: one sequence is decoded at a time), a numpy array or a list of ids.
+a ``BatchEncoding`` or dict with ``input_ids`` (and an ``attention_mask``, which may mark left padding
+only: a batch of prompts, :mod:`medusa_lite.decoding.batch`), a numpy array or a list of ids.
 """
 
 from __future__ import annotations
@@ -108,42 +108,82 @@ def split_encoding(input_ids: object, attention_mask: object) -> tuple[object, o
     return input_ids["input_ids"], attention_mask if attention_mask is not None else input_ids.get("attention_mask")
 
 
-def check_attention_mask(attention_mask: object, shape: torch.Size) -> None:
-    """A mask of ones (or none): medusa-lite decodes one sequence, so there is nothing to pad."""
+# The most sequences one call decodes side by side: past it the step's verification forward holds over a thousand
+# rows, where speculation no longer pays on any machine measured (docs/results.md, "Batches"); split the data set.
+MAX_BATCH_SIZE = 64
+
+
+def left_padding(attention_mask: object, shape: torch.Size) -> torch.Tensor:
+    """Each row's padding [B] in ``attention_mask`` (None: none), which must mark left padding only (as
+    ``model.generate`` wants for a decoder-only model) and leave every row a token."""
+    rows = shape[0] if len(shape) == 2 else 1
     if attention_mask is None:
-        return
+        return torch.zeros(rows, dtype=torch.long)
     mask = integer_tensor(attention_mask, "attention_mask")
     if mask.shape != shape:
         raise GenerationInputError(
             f"attention_mask has shape {tuple(mask.shape)} but input_ids has shape {tuple(shape)}; they must match"
         )
-    padding = int((mask == 0).sum())
-    if padding:
-        raise GenerationInputError(
-            f"attention_mask marks {padding} padding position(s): medusa-lite decodes one sequence at a time, with no "
-            "padding; pass the prompt's own tokens only (tokenize it alone, without padding)"
-        )
-    if not bool((mask == 1).all()):
+    if not bool(((mask == 0) | (mask == 1)).all()):
         raise GenerationInputError("attention_mask must hold only 1 (a token) or 0 (padding)")
+    mask = mask.reshape(rows, -1).cpu().long()
+    padding = (mask.cumsum(dim=1) == 0).sum(dim=1)
+    empty = torch.nonzero(padding == mask.shape[1]).flatten().tolist()
+    if empty:
+        raise GenerationInputError(
+            f"attention_mask row(s) {empty} are all padding: every row needs at least one token of its own"
+        )
+    holes = torch.nonzero(mask.sum(dim=1) != mask.shape[1] - padding).flatten().tolist()
+    if holes:
+        raise GenerationInputError(
+            f"attention_mask row(s) {holes} have padding after their first token: medusa-lite takes left-padded "
+            "batches, as model.generate does for a decoder-only model; tokenize with padding_side='left'"
+        )
+    return padding
+
+
+def check_rectangular(input_ids: object) -> None:
+    """Per-row lists of ids must all have one length (a tokenizer pads them)."""
+    if isinstance(input_ids, (list, tuple)) and input_ids and all(isinstance(row, (list, tuple)) for row in input_ids):
+        lengths = sorted({len(row) for row in input_ids})
+        if len(lengths) > 1:
+            raise GenerationInputError(
+                f"input_ids rows have different lengths {lengths}: pad them on the left and pass the attention_mask "
+                "(tokenizer(texts, padding=True, padding_side='left', return_tensors='pt'))"
+            )
+
+
+def as_prompts(
+    input_ids: object, device: torch.device, attention_mask: object = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the prompts as a [B, L] long tensor on ``device``, each row's left padding [B]), from whatever form a
+    tokenizer gives them in: one sequence [L] or [1, L], or a left-padded batch with its ``attention_mask``."""
+    input_ids, attention_mask = split_encoding(input_ids, attention_mask)
+    check_rectangular(input_ids)
+    ids = integer_tensor(input_ids, "input_ids")
+    if ids.dim() not in (1, 2):
+        raise GenerationInputError(f"input_ids must have shape [batch, length] or [length], got {tuple(ids.shape)}")
+    if ids.shape[-1] == 0 or (ids.dim() == 2 and ids.shape[0] == 0):
+        raise GenerationInputError("the prompt is empty: give at least one token (e.g. the BOS token)")
+    padding = left_padding(attention_mask, ids.shape)
+    ids = ids.reshape(-1, ids.shape[-1])
+    if ids.shape[0] > MAX_BATCH_SIZE:
+        raise GenerationInputError(
+            f"batch size {ids.shape[0]} is over the limit of {MAX_BATCH_SIZE} sequences per call: call generate on "
+            f"slices of at most {MAX_BATCH_SIZE} rows"
+        )
+    return ids.to(device=device, dtype=torch.long), padding.to(device)
 
 
 def as_prompt(input_ids: object, device: torch.device, attention_mask: object = None) -> torch.Tensor:
-    """The prompt as a 1-D long tensor on ``device``, from whatever form a tokenizer gives it in."""
-    input_ids, attention_mask = split_encoding(input_ids, attention_mask)
-    ids = integer_tensor(input_ids, "input_ids")
-    check_attention_mask(attention_mask, ids.shape)
-    if ids.dim() == 2:
-        if ids.shape[0] != 1:
-            raise GenerationInputError(
-                f"batch size {ids.shape[0]} is not supported: medusa-lite decodes one sequence at a time; "
-                "call generate once per prompt"
-            )
-        ids = ids[0]
-    elif ids.dim() != 1:
-        raise GenerationInputError(f"input_ids must have shape [1, length] or [length], got {tuple(ids.shape)}")
-    if ids.numel() == 0:
-        raise GenerationInputError("the prompt is empty: give at least one token (e.g. the BOS token)")
-    return ids.to(device=device, dtype=torch.long)
+    """One prompt without padding as a 1-D long tensor on ``device`` (a batch or padding refused)."""
+    ids, padding = as_prompts(input_ids, device, attention_mask)
+    if ids.shape[0] != 1 or int(padding[0]):
+        raise GenerationInputError(
+            f"one sequence without padding is needed here, got {ids.shape[0]} row(s) with {int(padding.sum())} "
+            "padding position(s)"
+        )
+    return ids[0]
 
 
 def check_token_ids(prompt: torch.Tensor, vocab_size: int) -> None:
@@ -240,6 +280,33 @@ def eos_ids(eos_token_id: int | Sequence[int] | None, model: MedusaModel) -> tor
     else:
         ids = token_ids(eos_token_id, "eos_token_id", model.vocab_size)
     return torch.tensor(ids, dtype=torch.long, device=model.device)
+
+
+def pad_id(pad_token_id: object, model: MedusaModel, eos: torch.Tensor) -> int | None:
+    """The id a batch's shorter rows are filled with: ``pad_token_id``, else the model's generation_config
+    pad token, else its first EOS id (as ``model.generate`` falls back), else None."""
+    if pad_token_id is not None:
+        if is_id_sequence(pad_token_id):
+            raise GenerationInputError(f"pad_token_id must be one token id, got {describe(pad_token_id)}")
+        return token_ids(pad_token_id, "pad_token_id", model.vocab_size)[0]
+    default = getattr(getattr(model.base_model, "generation_config", None), "pad_token_id", None)
+    if isinstance(default, int):
+        return default
+    return int(eos[0]) if eos.numel() else None
+
+
+def check_batch_outputs(streamer: object, output_scores: bool, output_logits: bool) -> None:
+    """What a batch cannot return yet, refused by name (a streamer takes one sequence, as in transformers)."""
+    given = [
+        name
+        for name, value in (("streamer", streamer), ("output_scores", output_scores), ("output_logits", output_logits))
+        if value
+    ]
+    if given:
+        raise GenerationInputError(
+            f"{' and '.join(given)} work with one prompt only, not with a batch: decode the prompts one at a time "
+            "for them"
+        )
 
 
 # -- sampling randomness and streaming ---------------------------------------------------------

@@ -60,19 +60,25 @@ def keep_accepted_in_cache(cache: DynamicCache, prefix_len: int, accepted_nodes:
         layer.values = layer.values[..., :new_len, :]
 
 
-def side_rows_allowed(tree: Tree, side, prefix_len: int) -> torch.Tensor:
-    """[N + M, prefix_len + N + M] True where a row may attend, for a draft of N nodes followed by M side rows.
-
-    Draft rows see what :func:`tree_attention_mask` allows and no side row; side rows see the
-    prefix, the root (draft node 0) and the side rows ``side.mask`` allows, no other draft node.
-    """
+def step_rows_allowed(tree: Tree, side) -> torch.Tensor:
+    """[N + M, N + M] True where a step's row may attend among the step's own rows, for a draft of N nodes followed
+    by M side rows (``side`` None: none): draft rows see themselves and their ancestors, no side row; side rows see
+    the root (draft node 0) and the side rows ``side.mask`` allows, no other draft node."""
+    if side is None:
+        return tree.ancestor_mask
     nodes, count = tree.num_nodes, side.tokens.numel()
-    allowed = torch.zeros(nodes + count, prefix_len + nodes + count, dtype=torch.bool)
-    allowed[:, :prefix_len] = True
-    allowed[:nodes, prefix_len : prefix_len + nodes] = tree.ancestor_mask
-    allowed[nodes:, prefix_len] = True
-    allowed[nodes:, prefix_len + nodes :] = side.mask
+    allowed = torch.zeros(nodes + count, nodes + count, dtype=torch.bool)
+    allowed[:nodes, :nodes] = tree.ancestor_mask
+    allowed[nodes:, 0] = True
+    allowed[nodes:, nodes:] = side.mask
     return allowed
+
+
+def side_rows_allowed(tree: Tree, side, prefix_len: int) -> torch.Tensor:
+    """[N + M, prefix_len + N + M] True where a row may attend: the whole cached prefix, then
+    :func:`step_rows_allowed`."""
+    local = step_rows_allowed(tree, side)
+    return torch.cat([torch.ones(local.shape[0], prefix_len, dtype=torch.bool), local], dim=1)
 
 
 def verify_with_side_rows(model: MedusaModel, cache: DynamicCache, tree: Tree, candidates: torch.Tensor, side):

@@ -69,16 +69,18 @@ def key_positions(prefix_len: int, query_positions: torch.Tensor) -> torch.Tenso
 
 
 def within_window(query_positions: torch.Tensor, keys: torch.Tensor, window: int | None) -> torch.Tensor | None:
-    """[Q, K] True where a key lies inside its query's window (None: no window, everything is)."""
+    """[..., Q, K] True where a key (``keys`` [..., K]) lies inside its query's (``query_positions`` [..., Q])
+    window (None: no window, everything is). A leading batch dimension is optional."""
     if window is None:
         return None
-    return keys[None, :] > query_positions.cpu()[:, None] - window
+    return keys.cpu()[..., None, :] > query_positions.cpu()[..., :, None] - window
 
 
 def additive(allowed: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """The additive mask [1, 1, Q, K] of a boolean one: 0 where attention is allowed, dtype-min elsewhere."""
+    """The additive mask [B, 1, Q, K] of a boolean one [B, Q, K] or [Q, K] (B = 1): 0 where attention is allowed,
+    dtype-min elsewhere."""
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    return mask.reshape(-1, 1, *allowed.shape[-2:]).to(device)
 
 
 def step_masks(
@@ -93,6 +95,19 @@ def step_masks(
     One tensor when every layer is of one kind; a dict by layer type when the target mixes kinds.
     """
     keys = key_positions(allowed.shape[1] - allowed.shape[0], query_positions)
+    return layer_kind_masks(config, allowed, query_positions, keys, dtype, device)
+
+
+def layer_kind_masks(
+    config: PretrainedConfig,
+    allowed: torch.Tensor,
+    query_positions: torch.Tensor,
+    keys: torch.Tensor,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor | Mapping[str, torch.Tensor]:
+    """:func:`step_masks` for queries at ``query_positions`` [(B,) Q] over keys at positions ``keys`` [(B,) K]:
+    ``allowed`` [(B,) Q, K] less what lies outside each layer kind's window (a batch: each row its own positions)."""
     masks = {}
     for kind, window in layer_windows(config).items():
         inside = within_window(query_positions, keys, window)

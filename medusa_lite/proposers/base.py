@@ -46,12 +46,14 @@ class ProposerError(MedusaError, ValueError):
 @dataclass(frozen=True)
 class StepLimits:
     """What bounds a proposer's share of a step: the model, the deepest guess allowed (None: no
-    bound known yet, e.g. when packing weights at load time), and the rows proposers before it may use
-    (root included)."""
+    bound known yet, e.g. when packing weights at load time), the rows proposers before it may use
+    (root included), and how many sequences are decoded side by side (a step verifies one draft for each:
+    :mod:`medusa_lite.decoding.batch`)."""
 
     model: MedusaModel
     max_depth: int | None
     rows_before: int = 1
+    batch_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -304,11 +306,14 @@ def add_candidates(draft: DraftTree, candidates: Candidates | None, step: StepCo
     return graft(proposed, draft) if candidates.shape is not None else graft(draft, proposed)
 
 
-def row_budgets(proposers: Sequence[Proposer], model: MedusaModel, max_depth: int | None) -> list[int]:
-    """Each proposer's most nodes per step, in order (the one place the step's row budget is computed)."""
+def row_budgets(
+    proposers: Sequence[Proposer], model: MedusaModel, max_depth: int | None, batch_size: int = 1
+) -> list[int]:
+    """Each proposer's most nodes per step (per sequence of a batch of ``batch_size``), in order (the one place the
+    step's row budget is computed)."""
     budgets, rows = [], 1
     for proposer in proposers:
-        count = proposer.max_nodes(StepLimits(model, max_depth, rows))
+        count = proposer.max_nodes(StepLimits(model, max_depth, rows, batch_size))
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ProposerError(f"proposer {proposer.name!r}: max_nodes must return an integer >= 0, got {count!r}")
         budgets.append(count)

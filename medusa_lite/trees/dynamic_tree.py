@@ -97,6 +97,21 @@ class DynamicTree:
         """The same policy priced by other step costs (this machine's, :mod:`medusa_lite.trees.costs`)."""
         return replace(self, row_costs=tuple(row_costs), proposal_cost=proposal_cost)
 
+    def for_batch(self, batch_size: int) -> DynamicTree:
+        """The policy for one of ``batch_size`` sequences decoded side by side, priced in plain steps of the batch.
+
+        ``row_costs`` price one forward of r rows. A batched step runs one forward over every sequence's rows, so
+        when each verifies r rows it costs about ``cost(batch_size * r)``, against ``cost(batch_size)`` for a plain
+        batched step; each sequence asks the proposer once. As the batch fills the machine the ratio nears r, and
+        the policy chooses fewer nodes, down to plain decoding (a step's rows in linear layers dominate a small
+        model's step on a CPU; attention over each sequence's own cache is not priced apart).
+        """
+        if batch_size == 1:
+            return self
+        plain = self.cost(batch_size)
+        row_costs = tuple(self.cost(batch_size * rows) / plain for rows in range(1, len(self.row_costs) + 1))
+        return replace(self, row_costs=row_costs, proposal_cost=self.proposal_cost * batch_size / plain)
+
     def describe(self) -> str:
         return f"dynamic tree of up to {self.max_nodes} nodes (depth {self.depth})"
 

@@ -44,9 +44,9 @@ def test_empty_prompt(model):
         generate(model, torch.tensor([[]], dtype=torch.long), 5)
 
 
-def test_batch_larger_than_one(model):
-    with pytest.raises(GenerationInputError, match="batch size 2 is not supported"):
-        generate(model, torch.tensor([[1, 2], [3, 4]]), 5)
+def test_a_right_padded_batch(model):
+    with pytest.raises(GenerationInputError, match=r"row\(s\) \[1\] have padding after their first token"):
+        generate(model, torch.tensor([[1, 2], [3, 4]]), 5, attention_mask=torch.tensor([[1, 1], [1, 0]]))
 
 
 def test_float_token_ids(model):
@@ -60,7 +60,7 @@ def test_text_instead_of_token_ids(model):
 
 
 def test_three_dimensional_ids(model):
-    with pytest.raises(GenerationInputError, match=r"shape \[1, length\] or \[length\]"):
+    with pytest.raises(GenerationInputError, match=r"shape \[batch, length\] or \[length\]"):
         generate(model, torch.ones(1, 1, 3, dtype=torch.long), 5)
 
 

@@ -100,7 +100,7 @@ def test_eos_token_id_in_any_integer_form_stops_like_an_int(model, eos_case, for
         (torch.tensor([[1, -2]]), "prompt holds token id -2"),
         ([[1.5, 2.0]], "input_ids must hold integer token ids, got dtype torch.float"),
         ([[True, False]], "input_ids must hold integer token ids, got dtype torch.bool"),
-        ([[1, 2], [3]], "input_ids must be a rectangular array of integer token ids"),
+        ([[1, 2], [3]], r"input_ids rows have different lengths \[1, 2\]: pad them on the left"),
         (b"abc", "input_ids must be token ids, got text"),
         (3, "input_ids must be token ids .* got int"),
         (np.array([["a", "b"]]), "input_ids must be a rectangular array of integer token ids"),
@@ -279,7 +279,7 @@ def test_unbatched_tokenizer_output_with_lists(model, tokenizer):
 @pytest.mark.parametrize(
     "case, match",
     [
-        ("padded", r"attention_mask marks 2 padding position\(s\): medusa-lite decodes one sequence at a time"),
+        ("right-padded", r"attention_mask row\(s\) \[0\] have padding after their first token"),
         ("wrong shape", r"attention_mask has shape \(1, 3\) but input_ids has shape \(1, 4\)"),
         ("not 0/1", "attention_mask must hold only 1"),
         ("float", "attention_mask must hold integer token ids"),
@@ -290,7 +290,7 @@ def test_unbatched_tokenizer_output_with_lists(model, tokenizer):
 def test_bad_attention_mask_or_encoding(model, case, match):
     ones = torch.ones_like(PROMPT)
     arguments = {
-        "padded": ((PROMPT,), dict(attention_mask=torch.tensor([[0, 0, 1, 1]]))),
+        "right-padded": ((PROMPT,), dict(attention_mask=torch.tensor([[1, 1, 0, 0]]))),
         "wrong shape": ((PROMPT,), dict(attention_mask=ones[:, :3])),
         "not 0/1": ((PROMPT,), dict(attention_mask=2 * ones)),
         "float": ((PROMPT,), dict(attention_mask=ones.float())),

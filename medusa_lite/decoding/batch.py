@@ -1,0 +1,320 @@
+"""Exact speculative decoding of several prompts at once: one verification forward for every row's draft.
+
+Each row of a left-padded batch runs the loop of :mod:`medusa_lite.decoding.generate` on its own: its own
+proposers (begun on its own prompt), draft, accepted path, EOS, stop criteria, options and speculation gate,
+under the same acceptance rule; so each row's tokens are those its prompt decoded alone gives (greedy: the
+target's argmax at every step; sampling: the target's distribution, row by row). What the rows share is the
+target's forward: each step stacks every row's draft and side rows into one [B, Q] input, each row's queries at
+its own positions (its prompt's first token at 0, as if it had no padding) and seeing only its own entries.
+
+The KV cache holds one row per sequence. Row b's entries are the slots ``[padding[b], committed[b])``: its
+prompt without the left padding, then every token it accepted, in order. A step writes every row's rows at
+slots ``[T, T + Q)`` (T = the longest row's ``committed``); each row's accepted nodes then move to
+``[committed[b], committed[b] + accepted)`` and the cache is cut after the longest row, so what a row rejected
+and the slots it leaves behind a longer row are masked out until they are overwritten. A row that finishes
+leaves the batch at once (its cache row dropped), so it costs no more work; its tokens are kept.
+
+Sampling: every row draws from the one ``generator``, rows in order within a step, so a row's draws depend
+on the rows beside it and a batch does not reproduce the sequences one-at-a-time calls draw with the same
+seed; each row's tokens still follow the target's distribution exactly (the draws are independent).
+The table of what a batch does to speculation on this machine: docs/results.md, "Batches".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from medusa_lite.decoding.acceptance import accept
+from medusa_lite.decoding.cache import keep_accepted_per_sequence, keep_sequences, reserved_cache
+from medusa_lite.decoding.model import MedusaModel, TargetOutput, text_config
+from medusa_lite.decoding.options import ScoreOptions, first_stop, processed_scores
+from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
+from medusa_lite.decoding.steps import (
+    GenerationOutput,
+    GenerationStats,
+    cut_at_eos,
+    gate_after_step,
+    heads_tree,
+    record_step,
+    split_side_logits,
+    stacked_side_rows,
+    start,
+)
+from medusa_lite.decoding.verify import step_rows_allowed
+from medusa_lite.decoding.windows import layer_kind_masks
+from medusa_lite.errors import GenerationInputError
+from medusa_lite.proposers.base import (
+    Proposer,
+    SideRows,
+    StepContext,
+    StepOutcome,
+    TargetStates,
+    propose_draft,
+)
+from medusa_lite.trees.draft import DraftTree, root_draft
+from medusa_lite.trees.dynamic_tree import DynamicTree, SpeculationGate
+
+
+@dataclass
+class Row:
+    """One sequence of the batch while it decodes (the loop's state for it; nothing is kept on the model)."""
+
+    index: int  # its row in the input
+    running: list[Proposer]
+    scoring: ScoreOptions
+    stats: GenerationStats
+    history: torch.Tensor  # its prompt without padding, then every committed token
+    pricing: DynamicTree | None
+    gate: SpeculationGate = field(default_factory=SpeculationGate)
+    root: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    unseen: TargetStates | None = None
+    finished: bool = False
+
+    @property
+    def speculates(self) -> bool:
+        return self.pricing is None or self.gate.speculates
+
+
+@dataclass(frozen=True)
+class RowStep:
+    """What one row puts into a step's forward: its draft, then its proposers' side rows (None: none)."""
+
+    draft: DraftTree
+    sides: list[SideRows | None]
+
+    @property
+    def stacked(self) -> SideRows | None:
+        return stacked_side_rows(self.sides)
+
+    def tokens(self) -> torch.Tensor:
+        stacked = self.stacked
+        return (
+            self.draft.tokens
+            if stacked is None
+            else torch.cat([self.draft.tokens, stacked.tokens.to(self.draft.tokens.device)])
+        )
+
+    def offsets(self) -> torch.Tensor:
+        """Each row's position after the root's."""
+        stacked = self.stacked
+        depths = self.draft.node_depths
+        return depths if stacked is None else torch.cat([depths, stacked.offsets.cpu()])
+
+
+def scores_at(row: Row, draft: DraftTree, logits: torch.Tensor) -> torch.Tensor:
+    """The scores every node's token is picked from: its logits, processed with its own prefix when asked."""
+    return processed_scores(row.scoring.processors, row.history, draft, logits) if row.scoring.processes else logits
+
+
+def commit(row: Row, tokens: torch.Tensor, scores: torch.Tensor, eos: torch.Tensor, max_new_tokens: int) -> None:
+    """Append a step's accepted tokens to the row (cut at an EOS or a stop); mark it finished when it is."""
+    tokens, hit_eos = cut_at_eos(tokens, eos)
+    if row.scoring.stops:
+        stop = first_stop(row.scoring.criteria, row.history, tokens, scores)
+        tokens, hit_eos = (tokens, hit_eos) if stop is None else (tokens[: stop + 1], True)
+    row.history = torch.cat([row.history, tokens])
+    row.stats.new_tokens += tokens.numel()
+    row.finished = hit_eos or row.stats.new_tokens >= max_new_tokens
+
+
+def batch_allowed(steps: Sequence[RowStep], committed: torch.Tensor, padding: torch.Tensor, prefix: int, width: int):
+    """(allowed [B, width, prefix + width], query positions [B, width], key positions [B, prefix + width]) of one
+    step: each row's rows see that row's entries of the cache and what :func:`step_rows_allowed` allows among its own
+    rows; the filler rows after a short row's see only themselves."""
+    batch = len(steps)
+    slots = torch.arange(prefix)
+    entries = (slots[None] >= padding.cpu()[:, None]) & (slots[None] < committed.cpu()[:, None])
+    lengths = (committed - padding).cpu()  # each row's root position
+    allowed = torch.zeros(batch, width, prefix + width, dtype=torch.bool)
+    queries = lengths[:, None].repeat(1, width)
+    for b, step in enumerate(steps):
+        rows = step.tokens().numel()
+        allowed[b, :rows, :prefix] = entries[b]
+        allowed[b, :rows, prefix : prefix + rows] = step_rows_allowed(step.draft, step.stacked)
+        fillers = torch.arange(rows, width)
+        allowed[b, fillers, prefix + fillers] = True
+        queries[b, :rows] += step.offsets()
+    keys = torch.cat([slots[None] - padding.cpu()[:, None], queries], dim=1)
+    return allowed, queries, keys
+
+
+def verify_batch(
+    model: MedusaModel, cache, steps: Sequence[RowStep], committed: torch.Tensor, padding: torch.Tensor
+) -> TargetOutput:
+    """The target's logits and hidden states at every row of every row's step [B, Q, ...], in one forward."""
+    width = max(step.tokens().numel() for step in steps)
+    tokens = torch.stack(
+        [torch.cat([step.tokens(), step.tokens()[:1].repeat(width - step.tokens().numel())]) for step in steps]
+    )
+    allowed, queries, keys = batch_allowed(steps, committed, padding, cache.get_seq_length(), width)
+    device, dtype = tokens.device, model.base_model.dtype
+    masks = layer_kind_masks(text_config(model.base_model), allowed, queries, keys, dtype, device)
+    return model.target_forward(
+        tokens, position_ids=queries.to(device), attention_mask=masks, cache=cache, use_cache=True
+    )
+
+
+def batch_stats(rows: Sequence[Row], target_calls: int) -> GenerationStats:
+    """The whole batch's statistics: every row's counts summed (``tokens_per_step``: every row's steps, so its mean
+    is tokens per row per step), ``target_calls`` the batched forwards (prefill included)."""
+    first = rows[0].stats
+    depth = max(len(row.stats.accepted_at_depth) for row in rows)
+    total = GenerationStats(
+        first.tree_nodes, first.tree_depth, target_calls=target_calls, accepted_at_depth=[0] * depth
+    )
+    for row in rows:
+        stats = row.stats
+        total.new_tokens += stats.new_tokens
+        total.tokens_per_step.extend(stats.tokens_per_step)
+        for d, count in enumerate(stats.accepted_at_depth):
+            total.accepted_at_depth[d] += count
+        for source, count in stats.accepted_by_source.items():
+            total.accepted_by_source[source] = total.accepted_by_source.get(source, 0) + count
+        total.lookup_steps += stats.lookup_steps
+        total.datastore_steps += stats.datastore_steps
+        total.verified_rows += stats.verified_rows
+        total.plain_steps += stats.plain_steps
+    return total
+
+
+def padded_sequences(ids: torch.Tensor, rows: Sequence[Row], pad_token_id: int | None) -> torch.Tensor:
+    """``model.generate``'s layout: the left-padded prompts, then each row's new tokens, short rows filled with
+    ``pad_token_id``."""
+    width = ids.shape[1]
+    news = [row.history[row.history.numel() - row.stats.new_tokens :] for row in sorted(rows, key=lambda r: r.index)]
+    longest = max(new.numel() for new in news)
+    if pad_token_id is None and any(new.numel() < longest for new in news):
+        raise GenerationInputError(
+            "rows ended at different lengths and there is no pad token to fill the shorter ones: pass pad_token_id "
+            "(e.g. tokenizer.pad_token_id)"
+        )
+    out = ids.new_full((ids.shape[0], width + longest), 0 if pad_token_id is None else pad_token_id)
+    out[:, :width] = ids
+    for b, new in enumerate(news):
+        out[b, width : width + new.numel()] = new
+    return out
+
+
+def generate_batch(
+    model: MedusaModel,
+    ids: torch.Tensor,
+    padding: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    settings: SamplingSettings,
+    proposers: Sequence[Proposer],
+    eos: torch.Tensor,
+    scoring_for: Callable[[int], ScoreOptions],
+    generator: torch.Generator | None,
+    pad_token_id: int | None,
+) -> GenerationOutput:
+    """Decode every row of the left-padded ``ids`` [B, L] (``padding`` [B]: each row's left padding), arguments
+    checked by :func:`medusa_lite.decoding.generate.generate`; ``scoring_for(prompt length)``: a row's options."""
+    batch, width = ids.shape
+    rows = []
+    budgets: list[int] = []
+    for b in range(batch):
+        prompt = ids[b, int(padding[b]) :]
+        running, budgets = start(proposers, model, prompt, max_new_tokens - 1, batch)
+        shape = heads_tree(running)
+        stats = GenerationStats(shape.num_nodes, shape.depth, accepted_at_depth=[0] * shape.depth)
+        pricing = next((p.pricing for p in running if p.pricing is not None), None)
+        rows.append(Row(b, running, scoring_for(prompt.numel()), stats, prompt, pricing))
+    if max_new_tokens == 0:
+        return GenerationOutput(ids.clone(), batch_stats(rows, 0), row_stats=tuple(row.stats for row in rows))
+
+    cache = reserved_cache(model, width + max_new_tokens + 1 + sum(budgets))
+    slots = torch.arange(width, device=ids.device)
+    prefill = model.target_forward(
+        ids,
+        attention_mask=(slots[None] >= padding[:, None]).long(),
+        position_ids=(slots[None] - padding[:, None]).clamp(min=0),
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    target_calls = 1
+    layers = sorted({layer for row in rows for proposer in row.running for layer in proposer.feature_layers})
+    for row in rows:
+        pad = int(padding[row.index])
+        prompt_scores = scores_at(row, root_draft(row.history[-1]), prefill.logits[row.index, -1:])
+        row.root = pick_tokens(prompt_scores, settings, generator)
+        row.unseen = TargetStates.of(prefill.select(row.index), layers, slice(pad, None))
+        row.hidden = row.unseen.final[-1]
+        commit(row, row.root, prompt_scores, eos, max_new_tokens)
+    committed = torch.full((batch,), width, dtype=torch.long, device=ids.device)
+    active = list(rows)
+    while True:
+        keep = [i for i, row in enumerate(active) if not row.finished]
+        if not keep:
+            break
+        if len(keep) < len(active):  # finished rows leave the batch
+            active, committed, padding = [active[i] for i in keep], committed[keep], padding[keep]
+            keep_sequences(cache, torch.tensor(keep, device=ids.device), int(committed.max()))
+        steps = [propose_row(model, row, budgets, settings, generator, max_new_tokens) for row in active]
+        prefix = cache.get_seq_length()
+        verified = verify_batch(model, cache, steps, committed, padding)
+        target_calls += 1
+        paths = [
+            accept_row(row, step, verified.select(b), settings, generator, layers, eos, max_new_tokens)
+            for b, (row, step) in enumerate(zip(active, steps))
+        ]
+        committed = keep_accepted_per_sequence(cache, prefix, committed, paths)
+    return GenerationOutput(
+        padded_sequences(ids, rows, pad_token_id),
+        batch_stats(rows, target_calls),
+        row_stats=tuple(row.stats for row in rows),
+    )
+
+
+def propose_row(
+    model: MedusaModel, row: Row, budgets: Sequence[int], settings: SamplingSettings, generator, max_new_tokens: int
+) -> RowStep:
+    """The row's draft and side rows for this step (the root alone when its gate pauses speculation)."""
+    room = max_new_tokens - row.stats.new_tokens - 1  # a step commits at most depth + 1 tokens
+    step = StepContext(
+        model, row.history, row.root, row.hidden, root_draft(row.root), room, 0, settings, generator, row.unseen
+    )
+    if not row.speculates:
+        return RowStep(step.draft, [None] * len(row.running))
+    draft = propose_draft(row.running, budgets, step)
+    row.unseen = row.unseen.emptied()
+    return RowStep(draft, [proposer.side_rows(replace(step, draft=draft)) for proposer in row.running])
+
+
+def accept_row(
+    row: Row,
+    step: RowStep,
+    verified: TargetOutput,
+    settings: SamplingSettings,
+    generator,
+    layers: Sequence[int],
+    eos: torch.Tensor,
+    max_new_tokens: int,
+) -> torch.Tensor:
+    """Accept, tell the row's proposers and commit its tokens, from its rows of the batch's forward
+    (``verified``: [Q, ...]); the accepted node indices, the root first."""
+    draft, nodes = step.draft, step.draft.num_nodes
+    speculated = row.speculates
+    room = max_new_tokens - row.stats.new_tokens - 1
+    own = verified.select(slice(None, nodes))
+    scores = scores_at(row, draft, own.logits)
+    path, row.root = accept(draft, scores, settings, generator)
+    row.unseen = row.unseen.then(TargetStates.of(own, layers, path))
+    row.hidden = row.unseen.final[-1]
+    accepted = torch.cat([draft.tokens[path[1:]], row.root])
+    side_logits = [None] * len(step.sides)
+    if step.stacked is not None:
+        side_logits = split_side_logits(step.sides, verified.logits[nodes : step.tokens().numel()])
+    for proposer, logits in zip(row.running, side_logits):
+        proposer.accepted(StepOutcome(draft, path, accepted, side_logits=logits))
+    record_step(row.stats, draft, path)
+    if row.pricing is not None:
+        row.gate = gate_after_step(row.gate, row.pricing, speculated, draft, path, room)
+        row.stats.plain_steps += not speculated
+    commit(row, accepted, scores[path], eos, max_new_tokens)
+    return path
