@@ -108,8 +108,8 @@ def split_encoding(input_ids: object, attention_mask: object) -> tuple[object, o
     return input_ids["input_ids"], attention_mask if attention_mask is not None else input_ids.get("attention_mask")
 
 
-# The most sequences one call decodes side by side: past it the step's verification forward holds over a thousand
-# rows, where speculation no longer pays on any machine measured (docs/results.md, "Batches"); split the data set.
+# The most sequences one call decodes side by side, a bound on one call's memory (a cache row per sequence, every
+# row's draft in one forward); a data set is decoded in slices. Speed by batch size: docs/results.md, "Batches".
 MAX_BATCH_SIZE = 64
 
 
