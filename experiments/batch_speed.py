@@ -17,19 +17,10 @@ from pathlib import Path
 import torch
 
 from medusa_lite import generate, load
-from medusa_lite.bench.measure import chat_input_ids, machine_info
+from medusa_lite.bench.measure import chat_input_ids, left_padded, machine_info
 from medusa_lite.bench.questions import DEFAULT_QUESTIONS, read_questions, stratified_subset
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
-
-
-def left_padded(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(prompt.numel() for prompt in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, prompt in enumerate(prompts):
-        ids[b, width - prompt.numel() :], mask[b, width - prompt.numel() :] = prompt, 1
-    return ids, mask
 
 
 def new_tokens(sequences: torch.Tensor, width: int, eos: set[int]) -> int:

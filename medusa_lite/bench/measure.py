@@ -31,6 +31,17 @@ def chat_input_ids(tokenizer, prompt: str, *, raw: bool = False) -> torch.Tensor
     return tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
 
 
+def left_padded(prompts: list[torch.Tensor], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids [B, L], attention_mask [B, L]) of 1-D prompts, left-padded as a tokenizer with
+    ``padding_side="left"`` pads them (a batch for ``generate``)."""
+    width = max(prompt.numel() for prompt in prompts)
+    ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - prompt.numel() :], mask[row, width - prompt.numel() :] = prompt, 1
+    return ids, mask
+
+
 def plain_generate(
     base_model, input_ids: torch.Tensor, max_new_tokens: int, settings: SamplingSettings, **extra
 ) -> torch.Tensor:

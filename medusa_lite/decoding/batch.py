@@ -30,15 +30,18 @@ import torch
 from medusa_lite.decoding.acceptance import accept
 from medusa_lite.decoding.cache import keep_accepted_per_sequence, keep_sequences, reserved_cache
 from medusa_lite.decoding.model import MedusaModel, TargetOutput, text_config
-from medusa_lite.decoding.options import ScoreOptions, first_stop, processed_scores
+from medusa_lite.decoding.options import ScoreOptions
 from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
 from medusa_lite.decoding.steps import (
     GenerationOutput,
     GenerationStats,
-    cut_at_eos,
+    committed_part,
+    fresh_stats,
     gate_after_step,
-    heads_tree,
+    node_scores,
     record_step,
+    running_feature_layers,
+    running_pricing,
     split_side_logits,
     stacked_side_rows,
     start,
@@ -81,41 +84,30 @@ class Row:
 
 @dataclass(frozen=True)
 class RowStep:
-    """What one row puts into a step's forward: its draft, then its proposers' side rows (None: none)."""
+    """What one row puts into a step's forward: its draft, then its proposers' side rows (``sides``, None: none),
+    stacked once (:func:`row_step`): the rows' ``tokens`` [Q], their ``offsets`` [Q] after the root's position, and
+    what each may attend to among them (``allowed`` [Q, Q])."""
 
     draft: DraftTree
     sides: list[SideRows | None]
-
-    @property
-    def stacked(self) -> SideRows | None:
-        return stacked_side_rows(self.sides)
-
-    def tokens(self) -> torch.Tensor:
-        stacked = self.stacked
-        return (
-            self.draft.tokens
-            if stacked is None
-            else torch.cat([self.draft.tokens, stacked.tokens.to(self.draft.tokens.device)])
-        )
-
-    def offsets(self) -> torch.Tensor:
-        """Each row's position after the root's."""
-        stacked = self.stacked
-        depths = self.draft.node_depths
-        return depths if stacked is None else torch.cat([depths, stacked.offsets.cpu()])
+    stacked: SideRows | None
+    tokens: torch.Tensor
+    offsets: torch.Tensor
+    allowed: torch.Tensor
 
 
-def scores_at(row: Row, draft: DraftTree, logits: torch.Tensor) -> torch.Tensor:
-    """The scores every node's token is picked from: its logits, processed with its own prefix when asked."""
-    return processed_scores(row.scoring.processors, row.history, draft, logits) if row.scoring.processes else logits
+def row_step(draft: DraftTree, sides: list[SideRows | None]) -> RowStep:
+    stacked = stacked_side_rows(sides)
+    if stacked is None:
+        return RowStep(draft, sides, None, draft.tokens, draft.node_depths, step_rows_allowed(draft, None))
+    tokens = torch.cat([draft.tokens, stacked.tokens.to(draft.tokens.device)])
+    offsets = torch.cat([draft.node_depths, stacked.offsets.cpu()])
+    return RowStep(draft, sides, stacked, tokens, offsets, step_rows_allowed(draft, stacked))
 
 
 def commit(row: Row, tokens: torch.Tensor, scores: torch.Tensor, eos: torch.Tensor, max_new_tokens: int) -> None:
     """Append a step's accepted tokens to the row (cut at an EOS or a stop); mark it finished when it is."""
-    tokens, hit_eos = cut_at_eos(tokens, eos)
-    if row.scoring.stops:
-        stop = first_stop(row.scoring.criteria, row.history, tokens, scores)
-        tokens, hit_eos = (tokens, hit_eos) if stop is None else (tokens[: stop + 1], True)
+    tokens, hit_eos = committed_part(row.scoring, row.history, tokens, scores, eos)
     row.history = torch.cat([row.history, tokens])
     row.stats.new_tokens += tokens.numel()
     row.finished = hit_eos or row.stats.new_tokens >= max_new_tokens
@@ -132,12 +124,12 @@ def batch_allowed(steps: Sequence[RowStep], committed: torch.Tensor, padding: to
     allowed = torch.zeros(batch, width, prefix + width, dtype=torch.bool)
     queries = lengths[:, None].repeat(1, width)
     for b, step in enumerate(steps):
-        rows = step.tokens().numel()
+        rows = step.tokens.numel()
         allowed[b, :rows, :prefix] = entries[b]
-        allowed[b, :rows, prefix : prefix + rows] = step_rows_allowed(step.draft, step.stacked)
+        allowed[b, :rows, prefix : prefix + rows] = step.allowed
         fillers = torch.arange(rows, width)
         allowed[b, fillers, prefix + fillers] = True
-        queries[b, :rows] += step.offsets()
+        queries[b, :rows] += step.offsets
     keys = torch.cat([slots[None] - padding.cpu()[:, None], queries], dim=1)
     return allowed, queries, keys
 
@@ -146,10 +138,9 @@ def verify_batch(
     model: MedusaModel, cache, steps: Sequence[RowStep], committed: torch.Tensor, padding: torch.Tensor
 ) -> TargetOutput:
     """The target's logits and hidden states at every row of every row's step [B, Q, ...], in one forward."""
-    width = max(step.tokens().numel() for step in steps)
-    tokens = torch.stack(
-        [torch.cat([step.tokens(), step.tokens()[:1].repeat(width - step.tokens().numel())]) for step in steps]
-    )
+    width = max(step.tokens.numel() for step in steps)
+    fillers = [step.tokens[:1].repeat(width - step.tokens.numel()) for step in steps]  # seen by nothing else
+    tokens = torch.stack([torch.cat([step.tokens, filler]) for step, filler in zip(steps, fillers)])
     allowed, queries, keys = batch_allowed(steps, committed, padding, cache.get_seq_length(), width)
     device, dtype = tokens.device, model.base_model.dtype
     masks = layer_kind_masks(text_config(model.base_model), allowed, queries, keys, dtype, device)
@@ -220,10 +211,8 @@ def generate_batch(
     for b in range(batch):
         prompt = ids[b, int(padding[b]) :]
         running, budgets = start(proposers, model, prompt, max_new_tokens - 1, batch)
-        shape = heads_tree(running)
-        stats = GenerationStats(shape.num_nodes, shape.depth, accepted_at_depth=[0] * shape.depth)
-        pricing = next((p.pricing for p in running if p.pricing is not None), None)
-        rows.append(Row(b, running, scoring_for(prompt.numel()), stats, prompt, pricing))
+        scoring, stats = scoring_for(prompt.numel()), fresh_stats(running)
+        rows.append(Row(b, running, scoring, stats, prompt, running_pricing(running)))
     if max_new_tokens == 0:
         return GenerationOutput(ids.clone(), batch_stats(rows, 0), row_stats=tuple(row.stats for row in rows))
 
@@ -238,10 +227,11 @@ def generate_batch(
         logits_to_keep=1,
     )
     target_calls = 1
-    layers = sorted({layer for row in rows for proposer in row.running for layer in proposer.feature_layers})
+    layers = running_feature_layers([proposer for row in rows for proposer in row.running])
     for row in rows:
         pad = int(padding[row.index])
-        prompt_scores = scores_at(row, root_draft(row.history[-1]), prefill.logits[row.index, -1:])
+        last_logits = prefill.logits[row.index, -1:]
+        prompt_scores = node_scores(row.scoring, row.history, root_draft(row.history[-1]), last_logits)
         row.root = pick_tokens(prompt_scores, settings, generator)
         row.unseen = TargetStates.of(prefill.select(row.index), layers, slice(pad, None))
         row.hidden = row.unseen.final[-1]
@@ -280,10 +270,10 @@ def propose_row(
         model, row.history, row.root, row.hidden, root_draft(row.root), room, 0, settings, generator, row.unseen
     )
     if not row.speculates:
-        return RowStep(step.draft, [None] * len(row.running))
+        return row_step(step.draft, [None] * len(row.running))
     draft = propose_draft(row.running, budgets, step)
     row.unseen = row.unseen.emptied()
-    return RowStep(draft, [proposer.side_rows(replace(step, draft=draft)) for proposer in row.running])
+    return row_step(draft, [proposer.side_rows(replace(step, draft=draft)) for proposer in row.running])
 
 
 def accept_row(
@@ -302,14 +292,14 @@ def accept_row(
     speculated = row.speculates
     room = max_new_tokens - row.stats.new_tokens - 1
     own = verified.select(slice(None, nodes))
-    scores = scores_at(row, draft, own.logits)
+    scores = node_scores(row.scoring, row.history, draft, own.logits)
     path, row.root = accept(draft, scores, settings, generator)
     row.unseen = row.unseen.then(TargetStates.of(own, layers, path))
     row.hidden = row.unseen.final[-1]
     accepted = torch.cat([draft.tokens[path[1:]], row.root])
     side_logits = [None] * len(step.sides)
     if step.stacked is not None:
-        side_logits = split_side_logits(step.sides, verified.logits[nodes : step.tokens().numel()])
+        side_logits = split_side_logits(step.sides, verified.logits[nodes : step.tokens.numel()])
     for proposer, logits in zip(row.running, side_logits):
         proposer.accepted(StepOutcome(draft, path, accepted, side_logits=logits))
     record_step(row.stats, draft, path)

@@ -39,8 +39,6 @@ from medusa_lite.decoding.model import MedusaModel, TargetOutput, check_tree_att
 from medusa_lite.decoding.options import (
     ScoreOptions,
     TokenScores,
-    first_stop,
-    processed_scores,
     score_processors,
     stop_criteria,
 )
@@ -48,11 +46,14 @@ from medusa_lite.decoding.sampling import SamplingSettings, pick_tokens
 from medusa_lite.decoding.steps import (
     GenerationOutput,
     GenerationStats,
-    cut_at_eos,
+    committed_part,
+    fresh_stats,
     gate_after_step,
-    heads_tree,
+    node_scores,
     record_step,
     resolve_proposers,
+    running_feature_layers,
+    running_pricing,
     split_side_logits,
     stacked_side_rows,
     start,
@@ -225,25 +226,17 @@ def generate(
     scoring = scoring_for(prompt.numel())
     running, budgets = start(proposers, model, prompt, max_new_tokens - 1)
 
-    shape = heads_tree(running)
-    stats = GenerationStats(tree_nodes=shape.num_nodes, tree_depth=shape.depth, accepted_at_depth=[0] * shape.depth)
+    stats = fresh_stats(running)
     if streamer is not None:
         streamer.put(prompt[None].cpu())
     history = prompt  # prompt + committed tokens: where the lookups search
     kept = TokenScores.asked(output_scores, output_logits, settings)
 
-    def scores_at(draft: DraftTree, logits: torch.Tensor) -> torch.Tensor:
-        """The scores every node's token is picked from: its logits, processed with its own prefix when asked."""
-        return processed_scores(scoring.processors, history, draft, logits) if scoring.processes else logits
-
     def commit(tokens: torch.Tensor, scores: torch.Tensor, logits: torch.Tensor | None) -> bool:
         """Append accepted tokens (``scores`` / ``logits``: each one's row it was picked from); True when
         generation is finished."""
         nonlocal history
-        tokens, hit_eos = cut_at_eos(tokens, eos)
-        if scoring.stops:
-            stop = first_stop(scoring.criteria, history, tokens, scores)
-            tokens, hit_eos = (tokens, hit_eos) if stop is None else (tokens[: stop + 1], True)
+        tokens, hit_eos = committed_part(scoring, history, tokens, scores, eos)
         kept.keep(scores, logits, tokens.numel())
         history = torch.cat([history, tokens])
         stats.new_tokens += tokens.numel()
@@ -259,14 +252,14 @@ def generate(
         # over a long prompt would otherwise cost more than several decoding steps.
         prefill = model.target_forward(prompt[None], cache=cache, use_cache=True, logits_to_keep=1)
         stats.target_calls += 1
-        prefill_scores = scores_at(root_draft(prompt[-1]), prefill.logits[0, -1:])  # history is the prompt
+        prefill_scores = node_scores(scoring, history, root_draft(prompt[-1]), prefill.logits[0, -1:])
         root = pick_tokens(prefill_scores, settings, generator)
-        layers = sorted({layer for proposer in running for layer in proposer.feature_layers})
+        layers = running_feature_layers(running)
         unseen = TargetStates.of(prefill.select(0), layers)  # what the proposers have not been shown yet
         hidden = unseen.final[-1]
         finished = commit(root, prefill_scores, prefill.logits[0, -1:])
 
-    pricing = next((p.pricing for p in running if p.pricing is not None), None)  # this machine's step costs
+    pricing = running_pricing(running)  # this machine's step costs
     gate = SpeculationGate()
     while not finished:
         # Never guess past max_new_tokens: a step commits at most depth + 1 tokens.
@@ -279,7 +272,7 @@ def generate(
         sides = [proposer.side_rows(replace(step, draft=draft)) if speculates else None for proposer in running]
         verified, side_logits = verify_draft_and_side_rows(model, cache, draft, sides)
         stats.target_calls += 1
-        scores = scores_at(draft, verified.logits)
+        scores = node_scores(scoring, history, draft, verified.logits)
         path, root = accept(draft, scores, settings, generator)
         keep_accepted_in_cache(cache, prefix_len, path)
         unseen = unseen.then(TargetStates.of(verified, layers, path))

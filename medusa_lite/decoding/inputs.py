@@ -175,17 +175,6 @@ def as_prompts(
     return ids.to(device=device, dtype=torch.long), padding.to(device)
 
 
-def as_prompt(input_ids: object, device: torch.device, attention_mask: object = None) -> torch.Tensor:
-    """One prompt without padding as a 1-D long tensor on ``device`` (a batch or padding refused)."""
-    ids, padding = as_prompts(input_ids, device, attention_mask)
-    if ids.shape[0] != 1 or int(padding[0]):
-        raise GenerationInputError(
-            f"one sequence without padding is needed here, got {ids.shape[0]} row(s) with {int(padding.sum())} "
-            "padding position(s)"
-        )
-    return ids[0]
-
-
 def check_token_ids(prompt: torch.Tensor, vocab_size: int) -> None:
     low, high = int(prompt.min()), int(prompt.max())
     if low < 0 or high >= vocab_size:

@@ -12,6 +12,7 @@ import torch
 
 from medusa_lite.decoding.inputs import as_datastore, check_lookup_tokens
 from medusa_lite.decoding.model import MedusaModel
+from medusa_lite.decoding.options import ScoreOptions, first_stop, processed_scores
 from medusa_lite.drafters.medusa.proposer import MedusaHeadsProposer, default_proposers, model_proposers
 from medusa_lite.errors import GenerationInputError
 from medusa_lite.proposers.base import Proposer, SideRows, StepLimits, as_proposers, row_budgets
@@ -184,3 +185,36 @@ def split_side_logits(sides: Sequence[SideRows | None], logits: torch.Tensor) ->
     """The logits at :func:`stacked_side_rows`' rows, given back to each proposer (None: it had no side rows)."""
     split = iter(logits.split([side.tokens.numel() for side in sides if side is not None]))
     return [None if side is None else next(split) for side in sides]
+
+
+# -- what every loop does with a running generation -------------------------------------------------
+def fresh_stats(running: Sequence[Proposer]) -> GenerationStats:
+    """Empty statistics for a generation run by ``running``, sized to the heads' tree."""
+    shape = heads_tree(running)
+    return GenerationStats(tree_nodes=shape.num_nodes, tree_depth=shape.depth, accepted_at_depth=[0] * shape.depth)
+
+
+def running_pricing(running: Sequence[Proposer]) -> DynamicTree | None:
+    """This machine's step costs, from the first running proposer that knows them (None: no speculation gate)."""
+    return next((proposer.pricing for proposer in running if proposer.pricing is not None), None)
+
+
+def running_feature_layers(running: Sequence[Proposer]) -> list[int]:
+    """The target layers any running proposer reads, in order."""
+    return sorted({layer for proposer in running for layer in proposer.feature_layers})
+
+
+def node_scores(scoring: ScoreOptions, history: torch.Tensor, draft: DraftTree, logits: torch.Tensor) -> torch.Tensor:
+    """The scores every node's token is picked from: its logits, processed with its own prefix when asked."""
+    return processed_scores(scoring.processors, history, draft, logits) if scoring.processes else logits
+
+
+def committed_part(
+    scoring: ScoreOptions, history: torch.Tensor, tokens: torch.Tensor, scores: torch.Tensor, eos: torch.Tensor
+) -> tuple[torch.Tensor, bool]:
+    """(the accepted ``tokens`` up to and with the first EOS or stop, whether one ended generation)."""
+    tokens, ended = cut_at_eos(tokens, eos)
+    if scoring.stops:
+        stop = first_stop(scoring.criteria, history, tokens, scores)
+        tokens, ended = (tokens, ended) if stop is None else (tokens[: stop + 1], True)
+    return tokens, ended

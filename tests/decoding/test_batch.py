@@ -25,6 +25,7 @@ from medusa_lite import (
     generate,
     load,
 )
+from medusa_lite.bench.measure import left_padded
 from medusa_lite.decoding.inputs import MAX_BATCH_SIZE
 from medusa_lite.drafters.medusa.proposer import useful_nodes
 from medusa_lite.drafters.registry import kind_named
@@ -45,18 +46,8 @@ def random_prompts(lengths, seed: int = 0, vocab: int = VOCAB) -> list[torch.Ten
     return [torch.randint(0, vocab, (length,), generator=generator) for length in lengths]
 
 
-def left_padded(prompts: list[torch.Tensor], pad: int = PAD) -> tuple[torch.Tensor, torch.Tensor]:
-    """(ids [B, L], attention_mask [B, L]) as a tokenizer with padding_side='left' gives them."""
-    width = max(prompt.numel() for prompt in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for b, prompt in enumerate(prompts):
-        ids[b, width - prompt.numel() :], mask[b, width - prompt.numel() :] = prompt, 1
-    return ids, mask
-
-
 def padded(prompts: list[torch.Tensor]) -> dict:
-    ids, mask = left_padded(prompts)
+    ids, mask = left_padded(prompts, PAD)
     return dict(input_ids=ids, attention_mask=mask)
 
 
@@ -73,7 +64,7 @@ def an_eos_that_ends_rows_early(base, prompts, new_tokens: int) -> list[int]:
 
 def assert_each_row_as_alone(out, base, prompts, new_tokens: int, eos: list[int], **options) -> list[int]:
     """Every row: its padded prompt, then its tokens decoded alone, then padding; the rows' new token counts."""
-    ids, _ = left_padded(prompts)
+    ids, _ = left_padded(prompts, PAD)
     width = ids.shape[1]
     counts = []
     for b, prompt in enumerate(prompts):
@@ -140,7 +131,7 @@ def test_the_layout_is_model_generates_for_the_same_batch():
     base = tiny_base_model("llama", vocab_size=VOCAB, seed=3)
     prompts = random_prompts(LENGTHS, seed=1)
     eos = an_eos_that_ends_rows_early(base, prompts, NEW_TOKENS)
-    ids, mask = left_padded(prompts)
+    ids, mask = left_padded(prompts, PAD)
     out = generate(
         MedusaModel(base, random_heads(base, num_heads=3)),
         ids,
@@ -168,7 +159,7 @@ def test_the_layout_is_model_generates_for_the_same_batch():
 def test_a_tokenizers_batch_encoding_goes_in_as_it_comes():
     base = tiny_base_model("llama", vocab_size=VOCAB, seed=3)
     prompts = random_prompts((4, 9), seed=3)
-    ids, mask = left_padded(prompts)
+    ids, mask = left_padded(prompts, PAD)
     out = generate(
         MedusaModel(base, random_heads(base, num_heads=3)),
         {"input_ids": ids, "attention_mask": mask},
@@ -328,7 +319,7 @@ def sampling_model():
 
 def batched_counts(model, settings: SamplingSettings, seed: int) -> list[dict]:
     """Per prompt, how often each continuation came out of NUM_CALLS batched calls holding COPIES of each prompt."""
-    ids, mask = left_padded([prompt for prompt in SAMPLE_PROMPTS for _ in range(COPIES)])
+    ids, mask = left_padded([prompt for prompt in SAMPLE_PROMPTS for _ in range(COPIES)], PAD)
     generator = torch.Generator().manual_seed(seed)
     counts = [{} for _ in SAMPLE_PROMPTS]
     for _ in range(NUM_CALLS):
