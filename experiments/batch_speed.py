@@ -1,10 +1,16 @@
 """What a batch does to speculation: tokens/s at B = 1, 2, 4, 8, 16 against ``model.generate`` with the same batch.
 
 One process, the default model with its shipped heads (``load()``, float32 on this CPU), the same Spec-Bench
-questions (stratified) at every batch size, cut into left-padded batches of B; greedy; per batch the two ways
-run back to back (interleaved): ``plain`` = ``base.generate`` on the batch, ``medusa`` = ``medusa_lite.generate``
-on the same batch. Writes tokens/s (new tokens, padding not counted), the speed-up, whether the sequences are
-identical, and the tree medusa-lite chose at each B (rows verified per row and step, tokens per row and step).
+questions (stratified) at every batch size, cut into left-padded batches of B; greedy; per batch three ways run
+back to back (interleaved):
+- ``plain``: ``base.generate`` on the batch with the target's linears packed for the batch's rows (the fastest
+  plain decoding here: B rows take the packed few-row path, as in medusa-lite's batch loop);
+- ``plain_as_loaded``: ``base.generate`` on the target as ``load()`` leaves it (packed for one sequence's tree,
+  PyTorch's path past that many rows);
+- ``medusa``: ``medusa_lite.generate`` on the same batch.
+The speed-up is over ``plain``. Each batch size's step costs are measured (or read from the cache) before it is
+timed. Writes tokens/s (new tokens, padding not counted), the speed-up, whether the sequences are identical, and
+the tree medusa-lite chose at each B (rows verified per row and step, tokens per row and step).
 
     PYTHONPATH=. python experiments/batch_speed.py --questions 16 --out benchmarks/batch_speed
 """
@@ -19,8 +25,10 @@ import torch
 from medusa_lite import generate, load
 from medusa_lite.bench.measure import chat_input_ids, left_padded, machine_info
 from medusa_lite.bench.questions import DEFAULT_QUESTIONS, read_questions, stratified_subset
+from medusa_lite.cpu.prepack import packed_up_to_rows, prepacked_rows
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
+WAYS = ("plain_as_loaded", "plain", "medusa")
 
 
 def new_tokens(sequences: torch.Tensor, width: int, eos: set[int]) -> int:
@@ -47,21 +55,27 @@ def main() -> None:
     prompts = [chat_input_ids(tokenizer, question["turns"][0])[0] for question in questions]
     table = []
     for size in BATCH_SIZES:
-        seconds, tokens = {"plain": 0.0, "medusa": 0.0}, {"plain": 0, "medusa": 0}
+        seconds, tokens = dict.fromkeys(WAYS, 0.0), dict.fromkeys(WAYS, 0)
         identical, rows_verified, row_steps, row_tokens = 0, 0, 0, 0
+        warm_ids, warm_mask = left_padded(prompts[:size], pad)
+        generate(model, warm_ids, 2, attention_mask=warm_mask, pad_token_id=pad)  # this B's costs, untimed
         for start in range(0, len(prompts), size):
             ids, mask = left_padded(prompts[start : start + size], pad)
+            settings = dict(attention_mask=mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad)
             began = time.perf_counter()
-            plain = model.base_model.generate(
-                ids, attention_mask=mask, max_new_tokens=args.max_new_tokens, do_sample=False, pad_token_id=pad
-            )
+            as_loaded = model.base_model.generate(ids, **settings)
+            seconds["plain_as_loaded"] += time.perf_counter() - began
+            began = time.perf_counter()
+            with packed_up_to_rows(model.base_model, size * (prepacked_rows(model.base_model) or 0)):
+                plain = model.base_model.generate(ids, **settings)
             seconds["plain"] += time.perf_counter() - began
             began = time.perf_counter()
             out = generate(model, ids, args.max_new_tokens, attention_mask=mask, pad_token_id=pad)
             seconds["medusa"] += time.perf_counter() - began
+            tokens["plain_as_loaded"] += new_tokens(as_loaded, ids.shape[1], eos)
             tokens["plain"] += new_tokens(plain, ids.shape[1], eos)
             tokens["medusa"] += out.stats.new_tokens
-            identical += torch.equal(plain, out.sequences)
+            identical += torch.equal(plain, out.sequences) and torch.equal(as_loaded, out.sequences)
             rows_verified += out.stats.verified_rows
             row_steps += out.stats.steps
             row_tokens += sum(out.stats.tokens_per_step)

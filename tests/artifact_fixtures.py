@@ -17,6 +17,8 @@ from tiny_tokenizer import make_tiny_tokenizer
 from transformers import AutoModelForCausalLM
 
 from medusa_lite.artifacts.files import ADAPTER_DIR
+from medusa_lite.drafters.registry import kind_named
+from medusa_lite.training.config import TrainConfig
 
 NUM_HEADS = 3
 LORA = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], task_type="CAUSAL_LM")
@@ -60,3 +62,14 @@ def adapted_reference(model_dir: Path, heads_dir: Path):
 
 def plain_target(model_dir: Path):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def fresh_kind_folder(name: str, target, folder):
+    """A built-in drafter kind's untrained artifact, jittered (seeded): its guesses neither all right nor alike."""
+    artifact = kind_named(name).training.fresh(TrainConfig(data=["unused"], drafter=name, num_heads=3), target, None)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in artifact.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+    artifact.save_pretrained(folder)
+    return folder

@@ -282,6 +282,25 @@ def packed_from_rows(model: nn.Module, min_rows: int) -> Iterator[None]:
             layer.min_rows = previous
 
 
+@contextmanager
+def packed_up_to_rows(model: nn.Module, max_rows: int) -> Iterator[None]:
+    """Within the block, inputs of up to ``max_rows`` rows (from each layer's ``min_rows``) take the packed path.
+
+    A batch of B sequences verifies B drafts in one forward, more rows than one sequence's tree that
+    :func:`prepack_linears` packed for; the packed copy serves any row count, so only the bound moves
+    (:mod:`medusa_lite.decoding.batch`). Layers packed for more rows keep their bound; an unpacked model is
+    unchanged."""
+    layers = [module for module in model.modules() if isinstance(module, PrepackedLinear)]
+    before = [layer.rows for layer in layers]
+    for layer in layers:
+        layer.rows = max(layer.rows, max_rows)
+    try:
+        yield
+    finally:
+        for layer, previous in zip(layers, before):
+            layer.rows = previous
+
+
 def unpack_linears(model: nn.Module) -> None:
     """Undo :func:`prepack_linears`."""
     prepack_linears(model, 0)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from medusa_lite.cpu.prepack import packed_up_to_rows, prepacked_rows
 from medusa_lite.decoding.acceptance import accept
 from medusa_lite.decoding.cache import keep_accepted_per_sequence, keep_sequences, reserved_cache
 from medusa_lite.decoding.model import MedusaModel, TargetOutput, text_config
@@ -58,7 +59,7 @@ from medusa_lite.proposers.base import (
     propose_draft,
 )
 from medusa_lite.trees.draft import DraftTree, root_draft
-from medusa_lite.trees.dynamic_tree import DynamicTree, SpeculationGate
+from medusa_lite.trees.dynamic_tree import BatchCosts, DynamicTree, SpeculationGate
 
 
 @dataclass
@@ -202,20 +203,64 @@ def generate_batch(
     scoring_for: Callable[[int], ScoreOptions],
     generator: torch.Generator | None,
     pad_token_id: int | None,
+    batch_costs: Callable[[int], BatchCosts] | None = None,
 ) -> GenerationOutput:
     """Decode every row of the left-padded ``ids`` [B, L] (``padding`` [B]: each row's left padding), arguments
-    checked by :func:`medusa_lite.decoding.generate.generate`; ``scoring_for(prompt length)``: a row's options."""
-    batch, width = ids.shape
-    rows = []
-    budgets: list[int] = []
+    checked by :func:`medusa_lite.decoding.generate.generate`; ``scoring_for(prompt length)``: a row's options;
+    ``batch_costs``: this machine's costs of the batch's steps (:class:`~medusa_lite.proposers.base.StepLimits`).
+
+    A target packed for one sequence's tree (:func:`medusa_lite.cpu.prepack.prepack_linears`) serves the batch's
+    rows on the packed path too, while it decodes; dynamic trees are priced by this machine's costs for the batch
+    size (:mod:`medusa_lite.decoding.batch_costs`, measured on first use)."""
+    batch = ids.shape[0]
+    with packed_up_to_rows(model.base_model, batch * (prepacked_rows(model.base_model) or 0)):
+        rows, budgets = started_rows(model, ids, padding, max_new_tokens, proposers, scoring_for, batch_costs)
+        target_calls = (
+            0
+            if max_new_tokens == 0
+            else decode_rows(model, ids, padding, max_new_tokens, rows, budgets, settings, eos, generator)
+        )
+    return GenerationOutput(
+        padded_sequences(ids, rows, pad_token_id) if max_new_tokens else ids.clone(),
+        batch_stats(rows, target_calls),
+        row_stats=tuple(row.stats for row in rows),
+    )
+
+
+def started_rows(
+    model: MedusaModel,
+    ids: torch.Tensor,
+    padding: torch.Tensor,
+    max_new_tokens: int,
+    proposers: Sequence[Proposer],
+    scoring_for: Callable[[int], ScoreOptions],
+    batch_costs: Callable[[int], BatchCosts] | None,
+) -> tuple[list[Row], list[int]]:
+    """Every row with its proposers begun on its own prompt, priced for the batch; and each proposer's most nodes
+    per step."""
+    batch = ids.shape[0]
+    rows, budgets = [], []
     for b in range(batch):
         prompt = ids[b, int(padding[b]) :]
-        running, budgets = start(proposers, model, prompt, max_new_tokens - 1, batch)
+        running, budgets = start(proposers, model, prompt, max_new_tokens - 1, batch, batch_costs)
         scoring, stats = scoring_for(prompt.numel()), fresh_stats(running)
         rows.append(Row(b, running, scoring, stats, prompt, running_pricing(running)))
-    if max_new_tokens == 0:
-        return GenerationOutput(ids.clone(), batch_stats(rows, 0), row_stats=tuple(row.stats for row in rows))
+    return rows, budgets
 
+
+def decode_rows(
+    model: MedusaModel,
+    ids: torch.Tensor,
+    padding: torch.Tensor,
+    max_new_tokens: int,
+    rows: Sequence[Row],
+    budgets: Sequence[int],
+    settings: SamplingSettings,
+    eos: torch.Tensor,
+    generator: torch.Generator | None,
+) -> int:
+    """Prefill, then step every unfinished row until all are done; the target forwards it took."""
+    batch, width = ids.shape
     cache = reserved_cache(model, width + max_new_tokens + 1 + sum(budgets))
     slots = torch.arange(width, device=ids.device)
     prefill = model.target_forward(
@@ -241,7 +286,7 @@ def generate_batch(
     while True:
         keep = [i for i, row in enumerate(active) if not row.finished]
         if not keep:
-            break
+            return target_calls
         if len(keep) < len(active):  # finished rows leave the batch
             active, committed, padding = [active[i] for i in keep], committed[keep], padding[keep]
             keep_sequences(cache, torch.tensor(keep, device=ids.device), int(committed.max()))
@@ -254,11 +299,6 @@ def generate_batch(
             for b, (row, step) in enumerate(zip(active, steps))
         ]
         committed = keep_accepted_per_sequence(cache, prefix, committed, paths)
-    return GenerationOutput(
-        padded_sequences(ids, rows, pad_token_id),
-        batch_stats(rows, target_calls),
-        row_stats=tuple(row.stats for row in rows),
-    )
 
 
 def propose_row(

@@ -21,6 +21,7 @@ import torch
 from medusa_lite.decoding.acceptance import accept, accepted_path
 from medusa_lite.decoding.architectures import check_architecture
 from medusa_lite.decoding.batch import generate_batch
+from medusa_lite.decoding.batch_costs import batch_costs_for
 from medusa_lite.decoding.cache import reserved_cache
 from medusa_lite.decoding.inputs import (
     as_prompts,
@@ -221,6 +222,7 @@ def generate(
             scoring_for=scoring_for,
             generator=generator,
             pad_token_id=pad,
+            batch_costs=batch_costs_for(model, ids.shape[0]) if ids.shape[0] > 1 else None,
         )
     prompt = ids[0]
     scoring = scoring_for(prompt.numel())

@@ -5,7 +5,7 @@ bookkeeping and where a step's tokens end.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +18,7 @@ from medusa_lite.errors import GenerationInputError
 from medusa_lite.proposers.base import Proposer, SideRows, StepLimits, as_proposers, row_budgets
 from medusa_lite.proposers.lookup import DEFAULT_DATASTORE_TOKENS, DEFAULT_LOOKUP_TOKENS
 from medusa_lite.trees.draft import DATASTORE_SOURCE, LOOKUP_SOURCES, DraftTree
-from medusa_lite.trees.dynamic_tree import DynamicTree, SpeculationGate
+from medusa_lite.trees.dynamic_tree import BatchCosts, DynamicTree, SpeculationGate
 from medusa_lite.trees.tree import Tree
 
 
@@ -121,13 +121,18 @@ def resolve_proposers(
 
 
 def start(
-    proposers: Sequence[Proposer], model: MedusaModel, prompt: torch.Tensor, max_depth: int, batch_size: int = 1
+    proposers: Sequence[Proposer],
+    model: MedusaModel,
+    prompt: torch.Tensor,
+    max_depth: int,
+    batch_size: int = 1,
+    batch_costs: Callable[[int], BatchCosts] | None = None,
 ) -> tuple[list[Proposer], list[int]]:
-    """(the proposers running this generation of ``prompt``, one of ``batch_size`` decoded side by side; each one's
-    most nodes per step)."""
-    budgets = row_budgets(proposers, model, max_depth, batch_size)
+    """(the proposers running this generation of ``prompt``, one of ``batch_size`` decoded side by side, priced by
+    ``batch_costs`` (:class:`~medusa_lite.proposers.base.StepLimits`); each one's most nodes per step)."""
+    budgets = row_budgets(proposers, model, max_depth, batch_size, batch_costs)
     rows_before = [1 + sum(budgets[:i]) for i in range(len(budgets))]
-    limits = [StepLimits(model, max_depth, rows, batch_size) for rows in rows_before]
+    limits = [StepLimits(model, max_depth, rows, batch_size, batch_costs) for rows in rows_before]
     return [proposer.begin(model, prompt, limit) for proposer, limit in zip(proposers, limits)], budgets
 
 

@@ -149,7 +149,8 @@ class DraftingProposer(Proposer):
 
     def begin(self, model, prompt, limits):
         self.check_fits(model, self.module)
-        return self.run_class(self, model, bind_to_target(self.module, model, self.costs))
+        costs = bind_to_target(self.module, model, self.costs)
+        return self.run_class(self, model, None if costs is None else limits.batch_priced(costs))
 
     def propose(self, step: StepContext) -> Candidates | None:
         raise GenerationInputError(

@@ -20,7 +20,7 @@ runs for one generation (the same object when it keeps no state).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, ClassVar
 
@@ -29,7 +29,7 @@ import torch
 from medusa_lite.decoding.sampling import SamplingSettings
 from medusa_lite.errors import GenerationInputError, MedusaError
 from medusa_lite.trees.draft import DraftTree, Draw, draft_tree, graft
-from medusa_lite.trees.dynamic_tree import DynamicTree
+from medusa_lite.trees.dynamic_tree import BatchCosts, DynamicTree
 from medusa_lite.trees.tree import Tree
 
 if TYPE_CHECKING:
@@ -48,12 +48,21 @@ class StepLimits:
     """What bounds a proposer's share of a step: the model, the deepest guess allowed (None: no
     bound known yet, e.g. when packing weights at load time), the rows proposers before it may use
     (root included), and how many sequences are decoded side by side (a step verifies one draft for each:
-    :mod:`medusa_lite.decoding.batch`)."""
+    :mod:`medusa_lite.decoding.batch`); ``batch_costs(max_rows)``: what such a batch's steps cost on this machine,
+    up to ``max_rows`` rows a sequence (None: estimated from one sequence's, :meth:`DynamicTree.for_batch`)."""
 
     model: MedusaModel
     max_depth: int | None
     rows_before: int = 1
     batch_size: int = 1
+    batch_costs: Callable[[int], BatchCosts] | None = None
+
+    def batch_priced(self, policy: DynamicTree) -> DynamicTree:
+        """``policy`` priced for one sequence of the batch, in plain steps of the batch."""
+        if self.batch_size == 1:
+            return policy
+        measured = None if self.batch_costs is None else self.batch_costs(len(policy.row_costs))
+        return policy.for_batch(self.batch_size, measured)
 
 
 @dataclass(frozen=True)
@@ -307,13 +316,17 @@ def add_candidates(draft: DraftTree, candidates: Candidates | None, step: StepCo
 
 
 def row_budgets(
-    proposers: Sequence[Proposer], model: MedusaModel, max_depth: int | None, batch_size: int = 1
+    proposers: Sequence[Proposer],
+    model: MedusaModel,
+    max_depth: int | None,
+    batch_size: int = 1,
+    batch_costs: Callable[[int], BatchCosts] | None = None,
 ) -> list[int]:
-    """Each proposer's most nodes per step (per sequence of a batch of ``batch_size``), in order (the one place the
-    step's row budget is computed)."""
+    """Each proposer's most nodes per step (per sequence of a batch of ``batch_size``, priced by ``batch_costs``: see
+    :class:`StepLimits`), in order (the one place the step's row budget is computed)."""
     budgets, rows = [], 1
     for proposer in proposers:
-        count = proposer.max_nodes(StepLimits(model, max_depth, rows, batch_size))
+        count = proposer.max_nodes(StepLimits(model, max_depth, rows, batch_size, batch_costs))
         if isinstance(count, bool) or not isinstance(count, int) or count < 0:
             raise ProposerError(f"proposer {proposer.name!r}: max_nodes must return an integer >= 0, got {count!r}")
         budgets.append(count)

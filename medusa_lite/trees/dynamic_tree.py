@@ -43,6 +43,18 @@ UNMEASURED_ROW_COSTS = (1.0,)
 
 
 @dataclass(frozen=True)
+class BatchCosts:
+    """What the steps of ``batch_size`` sequences decoded side by side cost on this machine
+    (:func:`medusa_lite.decoding.batch_costs.batch_step_costs`): ``row_costs[r - 1]``, one forward verifying r
+    rows of every sequence, in plain batched steps (one new token for every sequence); ``plain_step_ratio``, a
+    plain batched step over a one-sequence plain step (the unit of a policy's ``proposal_cost``)."""
+
+    batch_size: int
+    row_costs: tuple[float, ...]
+    plain_step_ratio: float
+
+
+@dataclass(frozen=True)
 class DynamicTree:
     """A per-step tree policy: up to ``max_nodes`` nodes, sized by ``row_costs`` and ``tokens_per_cost``.
 
@@ -97,17 +109,24 @@ class DynamicTree:
         """The same policy priced by other step costs (this machine's, :mod:`medusa_lite.trees.costs`)."""
         return replace(self, row_costs=tuple(row_costs), proposal_cost=proposal_cost)
 
-    def for_batch(self, batch_size: int) -> DynamicTree:
+    def for_batch(self, batch_size: int, measured: BatchCosts | None = None) -> DynamicTree:
         """The policy for one of ``batch_size`` sequences decoded side by side, priced in plain steps of the batch.
 
-        ``row_costs`` price one forward of r rows. A batched step runs one forward over every sequence's rows, so
-        when each verifies r rows it costs about ``cost(batch_size * r)``, against ``cost(batch_size)`` for a plain
-        batched step; each sequence asks the proposer once. As the batch fills the machine the ratio nears r, and
-        the policy chooses fewer nodes, down to plain decoding (a step's rows in linear layers dominate a small
-        model's step on a CPU; attention over each sequence's own cache is not priced apart).
+        A batched step runs one forward over every sequence's rows, and each sequence asks the proposer once.
+        ``measured``: what such steps cost on this machine (:mod:`medusa_lite.decoding.batch_costs`), used as they
+        are. Without it they are estimated from this policy's one-sequence costs: when each sequence verifies r rows
+        the step costs about ``cost(batch_size * r)``, against ``cost(batch_size)`` for a plain batched step (an
+        estimate that misses a change of path past the rows measured, and prices attention over each sequence's
+        own cache as one sequence's). As the batch fills the machine the ratio nears r, and the policy chooses
+        fewer nodes, down to plain decoding.
         """
         if batch_size == 1:
             return self
+        if measured is not None:
+            if measured.batch_size != batch_size:
+                raise TreeError(f"costs measured for batches of {measured.batch_size}, not {batch_size}")
+            proposals = self.proposal_cost * batch_size / measured.plain_step_ratio
+            return replace(self, row_costs=measured.row_costs, proposal_cost=proposals)
         plain = self.cost(batch_size)
         row_costs = tuple(self.cost(batch_size * rows) / plain for rows in range(1, len(self.row_costs) + 1))
         return replace(self, row_costs=row_costs, proposal_cost=self.proposal_cost * batch_size / plain)

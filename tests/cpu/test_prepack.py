@@ -31,6 +31,7 @@ from medusa_lite.cpu.prepack import (
     default_backend,
     onednn_available,
     packed_from_rows,
+    packed_up_to_rows,
     prepack_backend,
     prepack_linears,
     prepack_supported,
@@ -259,6 +260,24 @@ def test_packed_from_rows_sends_one_row_through_the_packed_path_and_restores_the
         assert packed_calls == [1]
         packed(one_row)
     assert packed_calls == [1] and packed.min_rows == MIN_PACKED_ROWS, "the minimum was not restored"
+
+
+def test_packed_up_to_rows_serves_a_batch_of_rows_and_restores_the_bound(backend, packed_calls):
+    linear = linear_layer(bias=True)
+    packed = PrepackedLinear(linear, PACKED_ROWS, backend)
+    many = torch.randn(3 * PACKED_ROWS, IN_FEATURES, generator=torch.Generator().manual_seed(4))
+    expected = F.linear(many, linear.weight, linear.bias)
+    with torch.inference_mode():
+        assert torch.equal(packed(many), expected) and packed_calls == [], "past the bound: PyTorch's path"
+        with pytest.raises(RuntimeError, match="inside"), packed_up_to_rows(packed, 3 * PACKED_ROWS):
+            torch.testing.assert_close(packed(many), expected, **FLOAT32_TOLERANCE)
+            assert packed_calls == [3 * PACKED_ROWS]
+            with packed_up_to_rows(packed, 2):  # a lower bound never narrows the packed range
+                packed(many)
+            raise RuntimeError("inside")
+        assert packed_calls == [3 * PACKED_ROWS] * 2 and packed.rows == PACKED_ROWS, "the bound was not restored"
+        packed(many)
+    assert len(packed_calls) == 2
 
 
 def test_packed_from_rows_restores_the_minimum_after_an_error(backend):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from artifact_fixtures import fresh_kind_folder
 from distribution_check import ALPHA, chi_square_p_value, exact_distribution
 from tiny_models import FAMILIES, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
@@ -28,9 +29,7 @@ from medusa_lite import (
 from medusa_lite.bench.measure import left_padded
 from medusa_lite.decoding.inputs import MAX_BATCH_SIZE
 from medusa_lite.drafters.medusa.proposer import useful_nodes
-from medusa_lite.drafters.registry import kind_named
 from medusa_lite.proposers.datastore import Datastore
-from medusa_lite.training.config import TrainConfig
 
 VOCAB = 96
 NEW_TOKENS = 24
@@ -167,17 +166,6 @@ def test_a_tokenizers_batch_encoding_goes_in_as_it_comes():
         eos_token_id=[],
     )
     assert_each_row_as_alone(out, base, prompts, NEW_TOKENS, [])
-
-
-def fresh_kind_folder(name: str, target, folder):
-    """A built-in drafter kind's untrained artifact, jittered (seeded): its guesses neither all right nor alike."""
-    artifact = kind_named(name).training.fresh(TrainConfig(data=["unused"], drafter=name, num_heads=3), target, None)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for parameter in artifact.parameters():
-            parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
-    artifact.save_pretrained(folder)
-    return folder
 
 
 PROPOSERS = {

@@ -10,6 +10,7 @@ from medusa_lite import DynamicTree, Tree, TreeError, generate, load
 from medusa_lite.cpu import prepack
 from medusa_lite.drafters.sequential.drafter import DrafterConfig, SequentialDrafter
 from medusa_lite.drafters.sequential.proposer import SequentialDrafterProposer
+from medusa_lite.proposers.base import StepLimits
 
 POLICY = DynamicTree(7, tuple(1.0 + 0.1 * rows for rows in range(12)), tokens_per_cost=1.0)
 
@@ -59,7 +60,7 @@ def test_without_a_policy_the_drafters_rows_and_drafting_are_priced_on_this_mach
     assert drafter.costs.proposal_cost > 0, "the drafter's own work is timed and priced"
     cached = list((tmp_path / "cache" / "costs").glob("*.json"))
     assert len(cached) == 1 and '"sequential-drafter"' in cached[0].read_text()
-    running = drafter.begin(model, torch.zeros(4, dtype=torch.long), None)
+    running = drafter.begin(model, torch.zeros(4, dtype=torch.long), StepLimits(model, None))
     assert running.pricing is drafter.costs, "generate's speculation gate prices the drafter's steps"
     prompt = torch.randint(0, 128, (1, 12), generator=torch.Generator().manual_seed(4))
     out = generate(model, prompt, 24, eos_token_id=[])

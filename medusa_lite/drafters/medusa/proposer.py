@@ -96,7 +96,7 @@ class MedusaHeadsProposer(Proposer):
         if isinstance(tree, Tree):
             check_topk_fits(tree, model.guess_vocab_size)
             return tree
-        tree = tree.for_batch(limits.batch_size)
+        tree = limits.batch_priced(tree)
         depth = min(tree.depth, model.num_heads, math.inf if limits.max_depth is None else limits.max_depth)
         nodes = useful_nodes(tree, depth, limits.rows_before) if depth > 0 else 1
         return tree if nodes >= tree.max_nodes else replace(tree, max_nodes=nodes)
