@@ -74,6 +74,7 @@ def push_heads_to_hub(
                 f"{type(heads_or_dir).__name__}"
             )
         names = [name for name in artifact_files(folder) if name != CARD_NAME]
+        check_no_links(folder, names)  # only the folder's own files leave the machine
         described = _checked_contents(folder, names, module)  # refuses a bad file before anything is uploaded
 
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
@@ -91,6 +92,20 @@ def push_heads_to_hub(
                 operations.append(CommitOperationAdd(path_in_repo=name, path_or_fileobj=text.encode("utf-8")))
         commit = api.create_commit(repo_id, operations, commit_message=commit_message, revision=revision)
     return commit.commit_url
+
+
+def check_no_links(folder: Path, names: list[str]) -> None:
+    """Refuse to upload a file reached through a symbolic link (to a file or a folder such as ``adapter/``): a link
+    can point anywhere on the machine, and push uploads only what the artifact folder itself holds."""
+    for name in names:
+        parts = Path(name).parts
+        for depth in range(1, len(parts) + 1):
+            path = folder.joinpath(*parts[:depth])
+            if path.is_symlink():
+                raise HeadsFileError(
+                    f"cannot push {folder}: {'/'.join(parts[:depth])} is a symbolic link (to {os.readlink(path)}); "
+                    "push uploads only files inside the artifact folder: copy the file in instead of linking it"
+                )
 
 
 def _checked_contents(folder: Path, names: list[str], module: MedusaHeads | SequentialDrafter | HydraHeads) -> dict:

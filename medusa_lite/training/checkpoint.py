@@ -1,7 +1,7 @@
 """Checkpoints that are either complete or invisible.
 
 A checkpoint is written into ``checkpoints/.tmp-step-XXXXXXXX`` (accelerate's ``save_state``:
-trainable weights, optimizer, scheduler, every rank's RNG; plus ``trainer_state.json`` with the
+trainable weights, optimizer, every rank's RNG; plus ``trainer_state.json`` with the
 step and data position), every file is fsynced, a ``COMPLETE`` marker is written, and only then is
 the folder renamed to ``checkpoints/step-XXXXXXXX`` (an atomic rename on one filesystem). A run
 killed at any moment therefore leaves either a complete checkpoint or a ``.tmp-`` folder, which

@@ -41,3 +41,7 @@ class NonFiniteLossError(MedusaError, FloatingPointError):
 
 class TrackerError(MedusaError, RuntimeError):
     """Experiment tracking (wandb) is configured but cannot start."""
+
+
+class CheckpointError(MedusaError, ValueError):
+    """A checkpoint that ``--resume`` will not load (e.g. it holds a pickle that loading would run)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -31,7 +32,7 @@ from medusa_lite.training.config import TrainConfig
 from medusa_lite.training.data import TokenizedData, batch_indices, load_training_data
 from medusa_lite.training.draft_vocab import DraftVocab, choose_draft_vocab, measure_draft_vocab
 from medusa_lite.training.drafter_objective import states_width
-from medusa_lite.training.errors import NonFiniteLossError, TrainingDataError
+from medusa_lite.training.errors import CheckpointError, NonFiniteLossError, TrainingDataError
 from medusa_lite.training.losses import HeadStats
 from medusa_lite.training.publishing import push, save_results
 from medusa_lite.training.reporting import accuracy_report, describe_accuracy, evaluate, make_summary, train_metrics
@@ -46,6 +47,8 @@ from medusa_lite.training.setup import (
     make_accelerator,
 )
 
+# accelerate's files for registered objects, which it unpickles with weights_only=False on load_state.
+PICKLED_OBJECTS_PREFIX = "custom_checkpoint_"
 TRAIN_TOPK = 1  # training batches report top-1 only (top-k over the vocabulary costs time); eval reports top-k
 
 
@@ -156,7 +159,6 @@ def set_up(config: TrainConfig, accelerator, output_dir: Path, resume: bool) -> 
     )
     fill_deepspeed_config(accelerator, config)
     objective, optimizer = accelerator.prepare(objective, optimizer)
-    accelerator.register_for_checkpointing(scheduler)
     save_kwargs = {"exclude_frozen_parameters": True} if accelerator.state.deepspeed_plugin is not None else {}
     data_position = {
         "train_sequences": len(data.train),
@@ -223,6 +225,30 @@ def pick_draft_vocab(config: TrainConfig, data: TokenizedData, vocab_size: int, 
     return draft
 
 
+def check_no_pickled_objects(folder: Path) -> None:
+    """Refuse a checkpoint holding accelerate's pickled custom objects (``custom_checkpoint_*.pkl``, loaded with
+    ``weights_only=False``: a file that runs code when resumed). medusa-lite writes none since it replays the
+    schedule (:func:`replay_schedule`); older versions wrote the scheduler's state there."""
+    pickled = sorted(path.name for path in folder.glob(f"{PICKLED_OBJECTS_PREFIX}*"))
+    if pickled:
+        raise CheckpointError(
+            f"{folder} holds {', '.join(pickled)}: pickles that resuming would run (accelerate loads them with "
+            "weights_only=False), so --resume refuses them (docs/security.md). If an older medusa-lite wrote this "
+            "checkpoint on your machine, delete those files and resume again: the learning-rate schedule is "
+            "replayed from the step count"
+        )
+
+
+def replay_schedule(scheduler, steps: int) -> None:
+    """Bring the learning-rate schedule to where it was after ``steps`` steps by stepping it again: its state is a
+    function of the step count, so a checkpoint does not carry it (accelerate would unpickle a registered object's
+    state with ``weights_only=False``; docs/security.md)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler.step\(\)` before")
+        for _ in range(steps):
+            scheduler.step()
+
+
 def restore(run: Run, resume: bool) -> None:
     """Drop interrupted checkpoint writes; with ``resume``, load the latest complete checkpoint."""
     accelerator, log = run.accelerator, run.log
@@ -236,9 +262,11 @@ def restore(run: Run, resume: bool) -> None:
     if latest is None:
         log.say(f"--resume: no complete checkpoint in {run.root}; starting from step 0")
         return
+    check_no_pickled_objects(latest[1])
     accelerator.load_state(str(latest[1]))
     state = ckpt.read_state(latest[1])
     run.start_step, run.tokens_trained = state["step"], state["tokens_trained"]
+    replay_schedule(run.scheduler, run.start_step)
     if state.get("data_position") != run.data_position:
         log.say(
             f"warning: data or batch layout changed since the checkpoint ({state.get('data_position')} -> "

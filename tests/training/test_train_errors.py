@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 import training_fixtures
+from hostile_files import pickle_bytes
 from safetensors.torch import load_file
 from training_fixtures import TINY_CONFIG, TRAIN_SCRIPT, pattern_answer, save_tiny_target, tiny_argv, write_records
 
@@ -19,6 +20,7 @@ from medusa_lite import MedusaHeads
 from medusa_lite.commands import train as train_heads
 from medusa_lite.errors import MedusaError
 from medusa_lite.training.errors import (
+    CheckpointError,
     EmptyDatasetError,
     HiddenCacheError,
     MissingChatTemplateError,
@@ -230,6 +232,22 @@ def test_half_written_checkpoints_are_ignored_on_resume(tiny_target, pattern_dat
     final, expected = MedusaHeads.from_pretrained(resumed.heads_dir), MedusaHeads.from_pretrained(reference.heads_dir)
     for (name, a), (_, b) in zip(final.state_dict().items(), expected.state_dict().items()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=f"{name} differs from an uninterrupted run")
+
+
+def test_resume_never_unpickles_a_checkpoint_file(tiny_target, pattern_data, tmp_path):
+    out = tmp_path / "out"
+    run(tiny_target, pattern_data, out, max_steps=20, checkpoint_every=10)
+    checkpoint = out / "checkpoints" / "step-00000020"
+    assert not list(checkpoint.glob("custom_checkpoint_*")), "the schedule is replayed, not pickled"
+    marker = tmp_path / "pickle-ran"
+    (checkpoint / "custom_checkpoint_0.pkl").write_bytes(pickle_bytes(marker))  # what accelerate would unpickle
+    shutil.rmtree(out / "heads")
+    argv = tiny_argv(tiny_target, pattern_data, out, max_steps=30, checkpoint_every=10) + ["--resume"]
+    with pytest.raises(CheckpointError, match="custom_checkpoint_0.pkl: pickles that resuming would run"):
+        train_heads.main(argv)
+    assert not marker.exists(), "resuming unpickled a file of the checkpoint"
+    (checkpoint / "custom_checkpoint_0.pkl").unlink()  # what the message says to do with an old checkpoint
+    assert train_heads.main(argv).summary["steps"] == 30
 
 
 def test_resume_without_any_checkpoint_starts_from_zero(tiny_target, pattern_data, tmp_path, capsys):
