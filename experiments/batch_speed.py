@@ -45,6 +45,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=list(BATCH_SIZES))
     args = parser.parse_args()
     torch.manual_seed(0)
     model, tokenizer = load()
@@ -54,7 +55,7 @@ def main() -> None:
     questions = stratified_subset(read_questions(DEFAULT_QUESTIONS), args.questions)
     prompts = [chat_input_ids(tokenizer, question["turns"][0])[0] for question in questions]
     table = []
-    for size in BATCH_SIZES:
+    for size in args.batch_sizes:
         seconds, tokens = dict.fromkeys(WAYS, 0.0), dict.fromkeys(WAYS, 0)
         identical, rows_verified, row_steps, row_tokens = 0, 0, 0, 0
         warm_ids, warm_mask = left_padded(prompts[:size], pad)

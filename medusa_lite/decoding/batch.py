@@ -58,7 +58,7 @@ from medusa_lite.proposers.base import (
     TargetStates,
     propose_draft,
 )
-from medusa_lite.trees.draft import DraftTree, root_draft
+from medusa_lite.trees.draft import DraftTree, draft_prefix, root_draft
 from medusa_lite.trees.dynamic_tree import BatchCosts, DynamicTree, SpeculationGate
 
 
@@ -112,6 +112,24 @@ def commit(row: Row, tokens: torch.Tensor, scores: torch.Tensor, eos: torch.Tens
     row.history = torch.cat([row.history, tokens])
     row.stats.new_tokens += tokens.numel()
     row.finished = hit_eos or row.stats.new_tokens >= max_new_tokens
+
+
+def within_shared_width(steps: Sequence[RowStep]) -> list[RowStep]:
+    """The rows' steps cut to one width: the upper median of their sizes.
+
+    One forward verifies every row's step, as wide as the widest (the others padded with rows nobody sees), and each
+    row's policy priced its draft as if every row took its size. So a row far wider than the rest would make every
+    row pay for its guesses; above the median a row keeps its first nodes (a dynamic tree's likeliest, each after its
+    parent: :func:`~medusa_lite.trees.draft.draft_prefix`), a smaller tree still verified exactly. A row with side
+    rows keeps its whole step (its proposers read their rows' logits by position)."""
+    sizes = sorted(step.tokens.numel() for step in steps)
+    width = sizes[len(sizes) // 2]
+    return [
+        row_step(draft_prefix(step.draft, width), step.sides)
+        if step.stacked is None and step.tokens.numel() > width
+        else step
+        for step in steps
+    ]
 
 
 def batch_allowed(steps: Sequence[RowStep], committed: torch.Tensor, padding: torch.Tensor, prefix: int, width: int):
@@ -290,7 +308,9 @@ def decode_rows(
         if len(keep) < len(active):  # finished rows leave the batch
             active, committed, padding = [active[i] for i in keep], committed[keep], padding[keep]
             keep_sequences(cache, torch.tensor(keep, device=ids.device), int(committed.max()))
-        steps = [propose_row(model, row, budgets, settings, generator, max_new_tokens) for row in active]
+        steps = within_shared_width(
+            [propose_row(model, row, budgets, settings, generator, max_new_tokens) for row in active]
+        )
         prefix = cache.get_seq_length()
         verified = verify_batch(model, cache, steps, committed, padding)
         target_calls += 1

@@ -142,6 +142,22 @@ def graft_chain(draft: DraftTree, chain: torch.Tensor, source: str = PROMPT_LOOK
     return graft(draft, chain_draft(draft.tokens[:1], chain, source)) if chain.numel() else draft
 
 
+def draft_prefix(draft: DraftTree, nodes: int) -> DraftTree:
+    """The draft's first ``nodes`` nodes (at least the root), a tree of their own: every node comes after its parent
+    and a parent's draws are listed in the order of their nodes, so the kept draws are the first ones drawn."""
+    if nodes >= draft.num_nodes:
+        return draft
+    nodes = max(nodes, 1)
+    return DraftTree(
+        draft.tokens[:nodes],
+        draft.parents[:nodes],
+        draft.node_depths[:nodes],
+        draft.ancestor_mask[:nodes, :nodes],
+        draft.sources[:nodes],
+        tuple(draw for draw in draft.draws if draw.node < nodes),
+    )
+
+
 def first_path(draft: DraftTree) -> torch.Tensor:
     """The tokens after the root along each node's first child: a chain draft's guesses in order."""
     parents = draft.parents.tolist()

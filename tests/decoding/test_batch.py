@@ -23,6 +23,7 @@ from medusa_lite import (
     LookaheadProposer,
     MedusaModel,
     SamplingSettings,
+    Tree,
     generate,
     load,
 )
@@ -30,6 +31,7 @@ from medusa_lite.bench.measure import left_padded
 from medusa_lite.decoding.inputs import MAX_BATCH_SIZE
 from medusa_lite.drafters.medusa.proposer import useful_nodes
 from medusa_lite.proposers.datastore import Datastore
+from medusa_lite.trees.draft import DraftTree, Draw, chain_draft, draft_prefix, draft_tree, graft
 
 VOCAB = 96
 NEW_TOKENS = 24
@@ -397,3 +399,44 @@ def test_the_default_model_decodes_a_batch_as_each_prompt_alone():
         row = out.sequences[b, width:]
         assert torch.equal(row[: expected.numel()], expected), f"question {b} differs from decoding it alone"
     assert out.stats.mean_tokens_per_step > 1.3
+
+
+# -- one width per step: a row far wider than the rest does not make every row pay for its guesses ----------
+def draft_of(size: int, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (size,), generator=generator)
+    draft = draft_tree(Tree.from_paths([(0,) * depth for depth in range(1, size)]), tokens)
+    return graft(draft, drawn_branch(tokens[0], size, generator))
+
+
+def drawn_branch(root, size: int, generator):
+    """A second branch of drawn nodes under the root (sampling drafts carry their draws)."""
+    tokens = torch.cat([root.reshape(1), torch.randint(0, VOCAB, (2,), generator=generator)])
+    q = torch.full((VOCAB,), 1.0 / VOCAB)
+    chain = chain_draft(root, tokens[1:], "heads")
+    return DraftTree(
+        chain.tokens,
+        chain.parents,
+        chain.node_depths,
+        chain.ancestor_mask,
+        chain.sources,
+        (Draw(0, 1, q), Draw(1, 2, q)),
+    )
+
+
+def test_a_draft_prefix_is_a_tree_with_its_first_draws():
+    draft = draft_of(5, seed=1)  # a chain of 5, then 2 drawn nodes at 5 and 6
+    assert draft.num_nodes == 7 and [draw.node for draw in draft.draws] == [5, 6]
+    cut = draft_prefix(draft, 6)
+    assert torch.equal(cut.tokens, draft.tokens[:6]) and torch.equal(cut.ancestor_mask, draft.ancestor_mask[:6, :6])
+    assert [draw.node for draw in cut.draws] == [5] and bool((cut.parents < 6).all())
+    assert draft_prefix(draft, 7) is draft and draft_prefix(draft, 0).num_nodes == 1
+
+
+def test_the_rows_steps_are_cut_to_the_upper_median_width():
+    steps = [medusa_lite.decoding.batch.row_step(draft_of(size, seed=size), []) for size in (2, 4, 9, 12)]
+    cut = medusa_lite.decoding.batch.within_shared_width(steps)
+    assert [step.tokens.numel() for step in cut] == [4, 6, 11, 11]  # each draft has 2 drawn nodes more
+    assert cut[:3] == steps[:3] and torch.equal(cut[3].tokens, steps[3].tokens[:11])
+    pair = medusa_lite.decoding.batch.within_shared_width(steps[:1] + steps[3:])
+    assert pair == steps[:1] + steps[3:], "two rows: the wider one sets the width"
