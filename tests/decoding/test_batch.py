@@ -30,6 +30,7 @@ from medusa_lite import (
 from medusa_lite.bench.measure import left_padded
 from medusa_lite.decoding.inputs import MAX_BATCH_SIZE
 from medusa_lite.drafters.medusa.proposer import useful_nodes
+from medusa_lite.proposers.base import SideRows
 from medusa_lite.proposers.datastore import Datastore
 from medusa_lite.trees.draft import DraftTree, Draw, chain_draft, draft_prefix, draft_tree, graft
 
@@ -440,3 +441,7 @@ def test_the_rows_steps_are_cut_to_the_upper_median_width():
     assert cut[:3] == steps[:3] and torch.equal(cut[3].tokens, steps[3].tokens[:11])
     pair = medusa_lite.decoding.batch.within_shared_width(steps[:1] + steps[3:])
     assert pair == steps[:1] + steps[3:], "two rows: the wider one sets the width"
+    side = SideRows(torch.tensor([1, 2]), torch.tensor([1, 2]), torch.ones(2, 2, dtype=torch.bool).tril())
+    with_side = medusa_lite.decoding.batch.row_step(draft_of(12, seed=12), [side])
+    kept = medusa_lite.decoding.batch.within_shared_width(steps[:3] + [with_side])
+    assert kept[3] is with_side, "a row with side rows keeps its step (its proposers read their logits by position)"
