@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import functools
 import platform
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -256,6 +256,20 @@ def prepack_linears(
 
 
 @contextmanager
+def bounds_set(layers: list[PrepackedLinear], bound: str, new: Callable[[int], int]) -> Iterator[None]:
+    """Within the block each layer's ``bound`` (``"min_rows"`` or ``"rows"``) is ``new(its value)``; the values
+    come back on exit, an exception included."""
+    before = [getattr(layer, bound) for layer in layers]
+    for layer, value in zip(layers, before):
+        setattr(layer, bound, new(value))
+    try:
+        yield
+    finally:
+        for layer, value in zip(layers, before):
+            setattr(layer, bound, value)
+
+
+@contextmanager
 def packed_from_rows(model: nn.Module, min_rows: int) -> Iterator[None]:
     """Within the block, inputs of ``min_rows`` rows or more (up to the packed count) take the packed path.
 
@@ -272,14 +286,8 @@ def packed_from_rows(model: nn.Module, min_rows: int) -> Iterator[None]:
         raise UnsupportedModelError(
             "the model's linear layers are not pre-packed (medusa_lite.load(prepack=True) packs float32 models on CPU)"
         )
-    before = [layer.min_rows for layer in layers]
-    for layer in layers:
-        layer.min_rows = min_rows
-    try:
+    with bounds_set(layers, "min_rows", lambda _: min_rows):
         yield
-    finally:
-        for layer, previous in zip(layers, before):
-            layer.min_rows = previous
 
 
 @contextmanager
@@ -291,14 +299,8 @@ def packed_up_to_rows(model: nn.Module, max_rows: int) -> Iterator[None]:
     (:mod:`medusa_lite.decoding.batch`). Layers packed for more rows keep their bound; an unpacked model is
     unchanged."""
     layers = [module for module in model.modules() if isinstance(module, PrepackedLinear)]
-    before = [layer.rows for layer in layers]
-    for layer in layers:
-        layer.rows = max(layer.rows, max_rows)
-    try:
+    with bounds_set(layers, "rows", lambda rows: max(rows, max_rows)):
         yield
-    finally:
-        for layer, previous in zip(layers, before):
-            layer.rows = previous
 
 
 def unpack_linears(model: nn.Module) -> None:

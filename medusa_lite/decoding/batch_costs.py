@@ -20,8 +20,6 @@ batch loop's own :func:`~medusa_lite.decoding.batch.verify_batch` and cache comp
 from __future__ import annotations
 
 import json
-import random
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,22 +32,21 @@ from medusa_lite.decoding.batch import row_step, verify_batch
 from medusa_lite.decoding.cache import keep_accepted_per_sequence, reserved_cache
 from medusa_lite.decoding.model import MedusaModel, cache_keyword
 from medusa_lite.decoding.verify import keep_accepted_in_cache
-from medusa_lite.paths import existing_entry, writable_entry
+from medusa_lite.paths import existing_entry
 from medusa_lite.trees.costs import (
-    CALIBRATION_BUDGET_S,
-    CALIBRATION_MIN_ROUNDS,
     CALIBRATION_PREFIX_TOKENS,
     CALIBRATION_ROUNDS,
     CALIBRATION_ROWS,
     CALIBRATION_SEED,
     CALIBRATION_WARMUP_ROUNDS,
     NO_NODES,
+    cache_entry,
     cost_cache_path,
     cost_key,
+    median_seconds,
     print_to_stderr,
     row_costs_from_ratios,
     synchronizer,
-    write_cached_costs,
 )
 from medusa_lite.trees.draft import HEADS_SOURCE, chain_draft
 from medusa_lite.trees.dynamic_tree import BatchCosts
@@ -145,27 +142,16 @@ def measure_batch_costs(
 
         return run
 
+    def reset_caches() -> None:
+        for each in caches:
+            keep_accepted_in_cache(each, length, NO_NODES)  # back to the bare prefixes
+
     work = {"plain": plain(batch_cache, batch_size), "single": plain(single_cache, 1)}
     work.update({size: verification(size) for size in sizes})
-    samples: dict = {name: [] for name in work}
-    shuffler = random.Random(CALIBRATION_SEED)
-    for round_ in range(warmup + rounds):
-        if round_ >= warmup + CALIBRATION_MIN_ROUNDS and time.perf_counter() - began > CALIBRATION_BUDGET_S:
-            break
-        for name in shuffler.sample(list(work), len(work)):
-            sync()
-            start = time.perf_counter()
-            work[name]()
-            sync()
-            if round_ >= warmup:
-                samples[name].append(time.perf_counter() - start)
-            for each in caches:
-                keep_accepted_in_cache(each, length, NO_NODES)  # back to the bare prefixes
-    unit = statistics.median(samples["plain"])
-    ratios = {size: statistics.median(samples[size]) / unit for size in sizes}
-    costs = BatchCosts(
-        batch_size, row_costs_from_ratios(ratios, max(sizes)), unit / statistics.median(samples["single"])
-    )
+    medians = median_seconds(work, sync, reset_caches, began, rounds=rounds, warmup=warmup)
+    unit = medians["plain"]
+    ratios = {size: medians[size] / unit for size in sizes}
+    costs = BatchCosts(batch_size, row_costs_from_ratios(ratios, max(sizes)), unit / medians["single"])
     return MeasuredBatchCosts(costs, 1000 * unit, batch_cost_key(model, batch_size), time.perf_counter() - began)
 
 
@@ -196,12 +182,7 @@ def batch_step_costs(
     if cached is not None:
         return cached
     measured = measure_batch_costs(model, batch_size, max_rows)
-    try:
-        path = writable_entry(path)
-        write_cached_costs(path, measured)
-        where = f"cached in {path}"
-    except OSError as error:
-        where = f"not cached: {error}"
+    where = cache_entry(path, measured)
     (announce or print_to_stderr)(
         f"medusa-lite: measured this machine's step costs for batches of {batch_size} in {measured.seconds:.1f} s "
         f"({len(measured.costs.row_costs)} rows a sequence cost {measured.costs.row_costs[-1]:.2f} plain batched "

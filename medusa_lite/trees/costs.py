@@ -200,23 +200,51 @@ def measure_row_costs(
     work = {"plain": plain, **{size: verification(size) for size in sizes}}
     if proposal is not None:
         work["proposal"] = proposal.prepare(prefill.select(0), prefix, root)
+    medians = median_seconds(
+        work,
+        sync,
+        lambda: keep_accepted_in_cache(cache, CALIBRATION_PREFIX_TOKENS, NO_NODES),  # back to the bare prefix
+        start,
+        rounds=rounds,
+        warmup=warmup,
+    )
+    unit = medians["plain"]
+    row_costs = row_costs_from_ratios({size: medians[size] / unit for size in sizes}, max_rows)
+    proposal_cost = medians["proposal"] / unit if proposal is not None else 0.0
+    return StepCosts(row_costs, proposal_cost, 1000 * unit, cost_key(model, proposal), time.perf_counter() - start)
+
+
+def median_seconds(
+    work: dict, sync: Callable[[], None], reset: Callable[[], None], began: float, *, rounds: int, warmup: int
+) -> dict:
+    """Each of ``work``'s callables' median time in seconds: ``warmup`` untimed rounds, then up to ``rounds`` timed
+    ones (at least :data:`CALIBRATION_MIN_ROUNDS`, no new one past :data:`CALIBRATION_BUDGET_S` after ``began``),
+    every round in a fresh order (seeded), ``reset()`` after each call (untimed), ``sync()`` around each."""
     samples: dict = {name: [] for name in work}
     shuffler = random.Random(CALIBRATION_SEED)
     for round_ in range(warmup + rounds):
-        if round_ >= warmup + CALIBRATION_MIN_ROUNDS and time.perf_counter() - start > CALIBRATION_BUDGET_S:
+        if round_ >= warmup + CALIBRATION_MIN_ROUNDS and time.perf_counter() - began > CALIBRATION_BUDGET_S:
             break
         for name in shuffler.sample(list(work), len(work)):
             sync()
-            began = time.perf_counter()
+            start = time.perf_counter()
             work[name]()
             sync()
             if round_ >= warmup:
-                samples[name].append(time.perf_counter() - began)
-            keep_accepted_in_cache(cache, CALIBRATION_PREFIX_TOKENS, NO_NODES)  # back to the bare prefix
-    unit = statistics.median(samples["plain"])
-    row_costs = row_costs_from_ratios({size: statistics.median(samples[size]) / unit for size in sizes}, max_rows)
-    proposal_cost = statistics.median(samples["proposal"]) / unit if proposal is not None else 0.0
-    return StepCosts(row_costs, proposal_cost, 1000 * unit, cost_key(model, proposal), time.perf_counter() - start)
+                samples[name].append(time.perf_counter() - start)
+            reset()
+    return {name: statistics.median(times) for name, times in samples.items()}
+
+
+def cache_entry(path: Path, costs) -> str:
+    """Write measured ``costs`` (anything with ``as_dict()``) to the cache entry ``path`` (or the writable place
+    :func:`~medusa_lite.paths.writable_entry` gives); where they went, as the announcement says it."""
+    try:
+        path = writable_entry(path)
+        write_cached_costs(path, costs)
+        return f"cached in {path}"
+    except OSError as error:
+        return f"not cached: {error}"
 
 
 def row_costs_from_ratios(ratios: dict[int, float], max_rows: int) -> tuple[float, ...]:
@@ -285,12 +313,7 @@ def step_costs(
     if cached is not None:
         return cached
     costs = measure_row_costs(model, max_rows, proposal)
-    try:
-        path = writable_entry(path)
-        write_cached_costs(path, costs)
-        where = f"cached in {path}"
-    except OSError as error:
-        where = f"not cached: {error}"
+    where = cache_entry(path, costs)
     (announce or print_to_stderr)(
         f"medusa-lite: measured this machine's step costs for the dynamic tree in {costs.seconds:.1f} s "
         f"({max_rows} rows cost {costs.row_costs[-1]:.2f} plain steps; {where})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 from artifact_fixtures import fresh_kind_folder
+from batch_checks import PAD, alone, an_eos_that_ends_rows_early, assert_each_row_as_alone
 from distribution_check import ALPHA, chi_square_p_value, exact_distribution
 from tiny_models import FAMILIES, PartlyRightOracle, plain_greedy, random_heads, tiny_base_model
 
@@ -36,7 +37,6 @@ from medusa_lite.trees.draft import DraftTree, Draw, chain_draft, draft_prefix, 
 
 VOCAB = 96
 NEW_TOKENS = 24
-PAD = 0
 LENGTHS = (3, 11, 1, 7, 16, 5)  # prompts of different lengths, the longest unpadded
 TREE = [(0,), (1,), (0, 0), (0, 1), (0, 0, 0)]
 # Each row 0.05 dearer: a dynamic tree keeps several of the partly-right heads' guesses.
@@ -51,35 +51,6 @@ def random_prompts(lengths, seed: int = 0, vocab: int = VOCAB) -> list[torch.Ten
 def padded(prompts: list[torch.Tensor]) -> dict:
     ids, mask = left_padded(prompts, PAD)
     return dict(input_ids=ids, attention_mask=mask)
-
-
-def alone(base, prompt: torch.Tensor, new_tokens: int, eos: list[int], **options) -> torch.Tensor:
-    """The row's new tokens from the target's own greedy generate of its prompt alone (up to and with an EOS)."""
-    out = plain_greedy(base, prompt[None], new_tokens, eos_token_id=eos or None, pad_token_id=PAD, **options)
-    return out[0, prompt.numel() :]
-
-
-def an_eos_that_ends_rows_early(base, prompts, new_tokens: int) -> list[int]:
-    """A token one row's greedy continuation emits at its 6th step: as EOS, rows end at different steps."""
-    return [int(alone(base, prompts[0], new_tokens, [])[5])]
-
-
-def assert_each_row_as_alone(out, base, prompts, new_tokens: int, eos: list[int], **options) -> list[int]:
-    """Every row: its padded prompt, then its tokens decoded alone, then padding; the rows' new token counts."""
-    ids, _ = left_padded(prompts, PAD)
-    width = ids.shape[1]
-    counts = []
-    for b, prompt in enumerate(prompts):
-        expected = alone(base, prompt, new_tokens, eos, **options)
-        row = out.sequences[b]
-        assert torch.equal(row[:width], ids[b]), f"row {b}: the padded prompt changed"
-        assert torch.equal(row[width : width + expected.numel()], expected), f"row {b}: differs from decoding alone"
-        assert bool((row[width + expected.numel() :] == PAD).all()), f"row {b}: not padded after its end"
-        assert out.row_stats[b].new_tokens == expected.numel()
-        counts.append(expected.numel())
-    assert out.sequences.shape[1] == width + max(counts)
-    assert out.stats.new_tokens == sum(counts)
-    return counts
 
 
 class PartlyRightOnEveryRow(MedusaModel):

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 from artifact_fixtures import fresh_kind_folder
-from tiny_models import plain_greedy, random_heads, tiny_base_model
+from batch_checks import PAD, assert_each_row_as_alone
+from tiny_models import random_heads, tiny_base_model
 
 import medusa_lite.decoding.batch_costs as batch_costs
 import medusa_lite.decoding.generate
@@ -21,7 +22,6 @@ from medusa_lite.trees.dynamic_tree import BatchCosts
 
 VOCAB = 96
 NEW_TOKENS = 16
-PAD = 0
 LENGTHS = (5, 9, 2, 7)
 # One sequence's costs: every row nearly free, so alone a row's tree would take every node it may.
 FREE_ROWS = DynamicTree(6, (1.0,) * 16, tokens_per_cost=0.01)
@@ -56,13 +56,6 @@ def priced_by(monkeypatch, row_cost) -> list[tuple[int, int]]:
 
     monkeypatch.setattr(medusa_lite.decoding.generate, "batch_costs_for", costs_for)
     return asked
-
-
-def assert_rows_as_alone(out, base, rows: list[torch.Tensor]) -> None:
-    width = max(row.numel() for row in rows)
-    for b, prompt in enumerate(rows):
-        alone = plain_greedy(base, prompt[None], NEW_TOKENS)[0, prompt.numel() :]
-        assert torch.equal(out.sequences[b, width:], alone), f"row {b} differs from its prompt decoded alone"
 
 
 def test_measured_costs_cover_the_rows_asked_and_are_cached_per_batch_size(cache, monkeypatch):
@@ -139,13 +132,13 @@ def test_the_batch_costs_size_every_rows_tree_and_rows_stay_exact(monkeypatch):
 
     asked = priced_by(monkeypatch, lambda rows: 1.0)  # rows free in a batch too: trees as large as allowed
     cheap = generate(model, ids, NEW_TOKENS, **settings)
-    assert_rows_as_alone(cheap, base, rows)
+    assert_each_row_as_alone(cheap, base, rows, NEW_TOKENS, [])
     assert cheap.stats.verified_rows > 3 * cheap.stats.steps, "free rows should buy large trees"
     assert set(asked) == {(len(rows), len(FREE_ROWS.row_costs))}, "priced for the batch, up to the policy's rows"
 
     priced_by(monkeypatch, lambda rows: 1.0 + 10.0 * (rows - 1))  # every extra row costs ten plain steps
     dear = generate(model, ids, NEW_TOKENS, **settings)
-    assert_rows_as_alone(dear, base, rows)
+    assert_each_row_as_alone(dear, base, rows, NEW_TOKENS, [])
     assert dear.stats.verified_rows == dear.stats.steps, "no guess pays: every row's step is the root alone"
 
 
@@ -159,6 +152,6 @@ def test_a_drafter_is_priced_for_the_batch(kind, tmp_path, monkeypatch):
     asked = priced_by(monkeypatch, lambda rows: 1.0 + 10.0 * (rows - 1))
     (drafter,) = [proposer for proposer in model.proposers if isinstance(proposer, DraftingProposer)]
     out = generate(model, ids, NEW_TOKENS, attention_mask=mask, proposers=[drafter], eos_token_id=[])
-    assert_rows_as_alone(out, target, rows)
+    assert_each_row_as_alone(out, target, rows, NEW_TOKENS, [])
     assert asked and all(batch == len(rows) for batch, _ in asked), "the drafter was not priced for the batch"
     assert out.stats.verified_rows == out.stats.steps, "at ten plain steps a row, the drafter should add none"
