@@ -8,9 +8,12 @@ back to back (interleaved):
 - ``plain_as_loaded``: ``base.generate`` on the target as ``load()`` leaves it (packed for one sequence's tree,
   PyTorch's path past that many rows);
 - ``medusa``: ``medusa_lite.generate`` on the same batch.
-The speed-up is over ``plain``. Each batch size's step costs are measured (or read from the cache) before it is
-timed. Writes tokens/s (new tokens, padding not counted), the speed-up, whether the sequences are identical, and
-the tree medusa-lite chose at each B (rows verified per row and step, tokens per row and step).
+The speed-up is over ``plain``. Each batch also times ``plain`` and ``medusa`` making one token (the prefill and
+the first token) right before their full runs; what the full run takes beyond that is its decoding, reported apart
+(``decode_speedup``: tokens after the first per second of decoding), as a long batched prompt's prefill can
+outweigh the decoding that speculation speeds up. Each batch size's step costs are measured (or read from the
+cache) before it is timed. Writes tokens/s (new tokens, padding not counted), the speed-up, whether the sequences
+are identical, and the tree medusa-lite chose at each B (rows verified per row and step, tokens per row and step).
 
     PYTHONPATH=. python experiments/batch_speed.py --questions 16 --out benchmarks/batch_speed
 """
@@ -57,6 +60,7 @@ def main() -> None:
     table = []
     for size in args.batch_sizes:
         seconds, tokens = dict.fromkeys(WAYS, 0.0), dict.fromkeys(WAYS, 0)
+        first_token_seconds = dict.fromkeys(("plain", "medusa"), 0.0)
         identical, rows_verified, row_steps, row_tokens = 0, 0, 0, 0
         warm_ids, warm_mask = left_padded(prompts[:size], pad)
         generate(model, warm_ids, 2, attention_mask=warm_mask, pad_token_id=pad)  # this B's costs, untimed
@@ -66,10 +70,16 @@ def main() -> None:
             began = time.perf_counter()
             as_loaded = model.base_model.generate(ids, **settings)
             seconds["plain_as_loaded"] += time.perf_counter() - began
-            began = time.perf_counter()
             with packed_up_to_rows(model.base_model, size * (prepacked_rows(model.base_model) or 0)):
+                began = time.perf_counter()
+                model.base_model.generate(ids, **{**settings, "max_new_tokens": 1})
+                first_token_seconds["plain"] += time.perf_counter() - began
+                began = time.perf_counter()
                 plain = model.base_model.generate(ids, **settings)
-            seconds["plain"] += time.perf_counter() - began
+                seconds["plain"] += time.perf_counter() - began
+            began = time.perf_counter()
+            generate(model, ids, 1, attention_mask=mask, pad_token_id=pad)
+            first_token_seconds["medusa"] += time.perf_counter() - began
             began = time.perf_counter()
             out = generate(model, ids, args.max_new_tokens, attention_mask=mask, pad_token_id=pad)
             seconds["medusa"] += time.perf_counter() - began
@@ -81,11 +91,18 @@ def main() -> None:
             row_steps += out.stats.steps
             row_tokens += sum(out.stats.tokens_per_step)
         rate = {name: tokens[name] / seconds[name] for name in seconds}
+        decode_rate = {
+            name: (tokens[name] - len(prompts)) / (seconds[name] - first_token_seconds[name])
+            for name in first_token_seconds
+        }
         table.append(
             {
                 "batch_size": size,
                 "tokens_per_second": rate,
                 "speedup": rate["medusa"] / rate["plain"],
+                "first_token_seconds": first_token_seconds,
+                "decode_tokens_per_second": decode_rate,
+                "decode_speedup": decode_rate["medusa"] / decode_rate["plain"],
                 "identical_batches": f"{identical}/{-(-len(prompts) // size)}",
                 "rows_verified_per_row_step": rows_verified / row_steps,
                 "tokens_per_row_step": row_tokens / row_steps,

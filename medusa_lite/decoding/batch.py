@@ -29,6 +29,7 @@ import torch
 
 from medusa_lite.cpu.prepack import packed_up_to_rows, prepacked_rows
 from medusa_lite.decoding.acceptance import accept
+from medusa_lite.decoding.batch_width import AcceptanceRates, best_width, expected_tokens, speculation_may_pay
 from medusa_lite.decoding.cache import keep_accepted_per_sequence, keep_sequences, reserved_cache
 from medusa_lite.decoding.model import MedusaModel, TargetOutput, text_config
 from medusa_lite.decoding.options import ScoreOptions
@@ -95,15 +96,16 @@ class RowStep:
     tokens: torch.Tensor
     offsets: torch.Tensor
     allowed: torch.Tensor
+    speculated: bool = True  # whether its proposers were asked (False: a plain step)
 
 
-def row_step(draft: DraftTree, sides: list[SideRows | None]) -> RowStep:
+def row_step(draft: DraftTree, sides: list[SideRows | None], speculated: bool = True) -> RowStep:
     stacked = stacked_side_rows(sides)
     if stacked is None:
-        return RowStep(draft, sides, None, draft.tokens, draft.node_depths, step_rows_allowed(draft, None))
+        return RowStep(draft, sides, None, draft.tokens, draft.node_depths, step_rows_allowed(draft, None), speculated)
     tokens = torch.cat([draft.tokens, stacked.tokens.to(draft.tokens.device)])
     offsets = torch.cat([draft.node_depths, stacked.offsets.cpu()])
-    return RowStep(draft, sides, stacked, tokens, offsets, step_rows_allowed(draft, stacked))
+    return RowStep(draft, sides, stacked, tokens, offsets, step_rows_allowed(draft, stacked), speculated)
 
 
 def commit(row: Row, tokens: torch.Tensor, scores: torch.Tensor, eos: torch.Tensor, max_new_tokens: int) -> None:
@@ -114,18 +116,29 @@ def commit(row: Row, tokens: torch.Tensor, scores: torch.Tensor, eos: torch.Tens
     row.finished = hit_eos or row.stats.new_tokens >= max_new_tokens
 
 
-def within_shared_width(steps: Sequence[RowStep]) -> list[RowStep]:
-    """The rows' steps cut to one width: the upper median of their sizes.
+def within_shared_width(
+    steps: Sequence[RowStep], rates: AcceptanceRates | None = None, cost: Callable[[int], float] | None = None
+) -> list[RowStep]:
+    """The rows' steps cut to one width.
 
-    One forward verifies every row's step, as wide as the widest (the others padded with rows nobody sees), and each
-    row's policy priced its draft as if every row took its size. So a row far wider than the rest would make every
-    row pay for its guesses; above the median a row keeps its first nodes (a dynamic tree's likeliest, each after its
-    parent: :func:`~medusa_lite.trees.draft.draft_prefix`), a smaller tree still verified exactly. A row with side
-    rows keeps its whole step (its proposers read their rows' logits by position)."""
-    sizes = sorted(step.tokens.numel() for step in steps)
-    width = sizes[len(sizes) // 2]
+    One forward verifies every row's step, as wide as the widest (the others padded with rows nobody sees). With
+    ``cost`` (``cost(w)``: a forward verifying w rows of every row, in plain batched steps) the width is the one at
+    which the rows' drafts are expected to commit the most tokens per cost, by this batch's ``rates`` of acceptance
+    (:func:`~medusa_lite.decoding.batch_width.best_width`; 1: a plain batched step); without, the upper median of
+    the rows' sizes. A wider row keeps its first nodes (a dynamic tree's likeliest, each after its parent:
+    :func:`~medusa_lite.trees.draft.draft_prefix`), a smaller tree still verified exactly. A row with side rows keeps
+    its whole step (its proposers read their rows' logits by position), so the width is at least its."""
+    if cost is None:
+        sizes = sorted(step.tokens.numel() for step in steps)
+        width = sizes[len(sizes) // 2]
+    else:
+        rates = rates or AcceptanceRates()
+        expected = [expected_tokens(rates.path_probabilities(step.draft)) for step in steps]
+        expected = [row if step.stacked is None else row[-1:] for row, step in zip(expected, steps)]
+        least = max([1, *(step.tokens.numel() for step in steps if step.stacked is not None)])
+        width = best_width(expected, cost, least)
     return [
-        row_step(draft_prefix(step.draft, width), step.sides)
+        row_step(draft_prefix(step.draft, width), step.sides, step.speculated)
         if step.stacked is None and step.tokens.numel() > width
         else step
         for step in steps
@@ -301,6 +314,8 @@ def decode_rows(
         commit(row, row.root, prompt_scores, eos, max_new_tokens)
     committed = torch.full((batch,), width, dtype=torch.long, device=ids.device)
     active = list(rows)
+    pricing, rates = rows[0].pricing, AcceptanceRates()  # every row is priced alike
+    cost = None if pricing is None else pricing.cost
     while True:
         keep = [i for i, row in enumerate(active) if not row.finished]
         if not keep:
@@ -308,9 +323,9 @@ def decode_rows(
         if len(keep) < len(active):  # finished rows leave the batch
             active, committed, padding = [active[i] for i in keep], committed[keep], padding[keep]
             keep_sequences(cache, torch.tensor(keep, device=ids.device), int(committed.max()))
-        steps = within_shared_width(
-            [propose_row(model, row, budgets, settings, generator, max_new_tokens) for row in active]
-        )
+        asks = cost is None or speculation_may_pay(rates, cost, pricing.proposal_cost, 1 + sum(budgets))
+        proposed = [propose_row(model, row, budgets, settings, generator, max_new_tokens, asks) for row in active]
+        steps = within_shared_width(proposed, rates, cost)
         prefix = cache.get_seq_length()
         verified = verify_batch(model, cache, steps, committed, padding)
         target_calls += 1
@@ -319,18 +334,26 @@ def decode_rows(
             for b, (row, step) in enumerate(zip(active, steps))
         ]
         committed = keep_accepted_per_sequence(cache, prefix, committed, paths)
+        rates = rates.after_step([(step.draft, path) for step, path in zip(steps, paths)])
 
 
 def propose_row(
-    model: MedusaModel, row: Row, budgets: Sequence[int], settings: SamplingSettings, generator, max_new_tokens: int
+    model: MedusaModel,
+    row: Row,
+    budgets: Sequence[int],
+    settings: SamplingSettings,
+    generator,
+    max_new_tokens: int,
+    batch_asks: bool = True,
 ) -> RowStep:
-    """The row's draft and side rows for this step (the root alone when its gate pauses speculation)."""
+    """The row's draft and side rows for this step (the root alone when its gate pauses speculation, or the batch
+    asks no row: ``batch_asks``)."""
     room = max_new_tokens - row.stats.new_tokens - 1  # a step commits at most depth + 1 tokens
     step = StepContext(
         model, row.history, row.root, row.hidden, root_draft(row.root), room, 0, settings, generator, row.unseen
     )
-    if not row.speculates:
-        return row_step(step.draft, [None] * len(row.running))
+    if not (row.speculates and batch_asks):
+        return row_step(step.draft, [None] * len(row.running), speculated=False)
     draft = propose_draft(row.running, budgets, step)
     row.unseen = row.unseen.emptied()
     return row_step(draft, [proposer.side_rows(replace(step, draft=draft)) for proposer in row.running])
@@ -349,7 +372,6 @@ def accept_row(
     """Accept, tell the row's proposers and commit its tokens, from its rows of the batch's forward
     (``verified``: [Q, ...]); the accepted node indices, the root first."""
     draft, nodes = step.draft, step.draft.num_nodes
-    speculated = row.speculates
     room = max_new_tokens - row.stats.new_tokens - 1
     own = verified.select(slice(None, nodes))
     scores = node_scores(row.scoring, row.history, draft, own.logits)
@@ -363,8 +385,8 @@ def accept_row(
     for proposer, logits in zip(row.running, side_logits):
         proposer.accepted(StepOutcome(draft, path, accepted, side_logits=logits))
     record_step(row.stats, draft, path)
-    if row.pricing is not None:
-        row.gate = gate_after_step(row.gate, row.pricing, speculated, draft, path, room)
-        row.stats.plain_steps += not speculated
+    if row.pricing is not None and (step.speculated or not row.speculates):  # the batch's pause leaves its gate
+        row.gate = gate_after_step(row.gate, row.pricing, step.speculated, draft, path, room)
+    row.stats.plain_steps += row.pricing is not None and not step.speculated
     commit(row, accepted, scores[path], eos, max_new_tokens)
     return path
