@@ -17,6 +17,7 @@ from tiny_models import FAMILIES, PartlyRightOracle, plain_greedy, random_heads,
 
 import medusa_lite.decoding.acceptance
 import medusa_lite.decoding.batch
+import medusa_lite.decoding.generate
 from medusa_lite import (
     DraftModelProposer,
     DynamicTree,
@@ -34,6 +35,7 @@ from medusa_lite.drafters.medusa.proposer import useful_nodes
 from medusa_lite.proposers.base import SideRows
 from medusa_lite.proposers.datastore import Datastore
 from medusa_lite.trees.draft import DraftTree, Draw, chain_draft, draft_prefix, draft_tree, graft
+from medusa_lite.trees.dynamic_tree import BatchCosts
 
 VOCAB = 96
 NEW_TOKENS = 24
@@ -279,7 +281,7 @@ def sampling_model():
     return MedusaModel(base, random_heads(base, num_heads=3, seed=43))
 
 
-def batched_counts(model, settings: SamplingSettings, seed: int) -> list[dict]:
+def batched_counts(model, settings: SamplingSettings, seed: int, tree=TREE) -> list[dict]:
     """Per prompt, how often each continuation came out of NUM_CALLS batched calls holding COPIES of each prompt."""
     ids, mask = left_padded([prompt for prompt in SAMPLE_PROMPTS for _ in range(COPIES)], PAD)
     generator = torch.Generator().manual_seed(seed)
@@ -293,7 +295,7 @@ def batched_counts(model, settings: SamplingSettings, seed: int) -> list[dict]:
             temperature=settings.temperature,
             top_k=settings.top_k,
             top_p=settings.top_p,
-            tree=TREE,
+            tree=tree,
             lookup_tokens=3,
             eos_token_id=[],
             generator=generator,
@@ -310,6 +312,29 @@ def test_each_row_samples_the_targets_distribution(sampling_model, settings):
     for prompt, counts in zip(SAMPLE_PROMPTS, batched_counts(sampling_model, settings, seed=1)):
         exact = exact_distribution(sampling_model.base_model, prompt[None], SAMPLE_TOKENS, settings)
         p_value = chi_square_p_value(counts, exact, samples)
+        assert p_value > ALPHA, f"prompt {prompt.tolist()}: batched samples differ from the target (p={p_value:.2e})"
+
+
+def test_rows_cut_to_the_width_by_expected_tokens_sample_the_targets_distribution(sampling_model, monkeypatch):
+    """A dynamic tree priced for the batch: each step's width by the rows' expected tokens per cost
+    (medusa_lite.decoding.batch_width), some steps plain, some cut, some whole; every row still samples exactly."""
+    costs = tuple(1.0 + 0.3 * rows for rows in range(16))
+    monkeypatch.setattr(
+        medusa_lite.decoding.generate,
+        "batch_costs_for",
+        lambda model, batch_size: lambda max_rows: BatchCosts(batch_size, costs[:max_rows], 1.0),
+    )
+    widths: list[int] = []
+    choose = medusa_lite.decoding.batch.best_width
+    monkeypatch.setattr(
+        medusa_lite.decoding.batch, "best_width", lambda *args: widths.append(choose(*args)) or widths[-1]
+    )
+    settings = SamplingSettings(1.0)
+    counts = batched_counts(sampling_model, settings, seed=3, tree=DynamicTree(6, costs, tokens_per_cost=0.5))
+    assert 1 in widths and max(widths) > 1, f"the steps should be plain and wide by turns (widths {set(widths)})"
+    for prompt, row_counts in zip(SAMPLE_PROMPTS, counts):
+        exact = exact_distribution(sampling_model.base_model, prompt[None], SAMPLE_TOKENS, settings)
+        p_value = chi_square_p_value(row_counts, exact, NUM_CALLS * COPIES)
         assert p_value > ALPHA, f"prompt {prompt.tolist()}: batched samples differ from the target (p={p_value:.2e})"
 
 
