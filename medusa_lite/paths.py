@@ -5,7 +5,8 @@ Every entry is written to a temporary name beside it and renamed into place, so 
 sharing the cache never read a half-written entry. A root that cannot hold an entry (a file, a
 read-only or uncreatable folder) does not stop a run: :func:`writable_entry` warns once, naming
 ``MEDUSA_LITE_CACHE``, and puts the entry in a temporary folder of this process instead (so the
-default model is converted and kernels built again each run until the root is fixed).
+default model is converted and kernels built again each run until the root is fixed). Within one process,
+threads that need one missing entry at once take turns on :func:`entry_lock`: one measures it, the rest read it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,14 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 
 CACHE_ENV_VAR = "MEDUSA_LITE_CACHE"
 DEFAULT_CACHE_ROOT = Path("~/.cache/medusa-lite")
+ENTRY_LOCKS: dict[Path, threading.Lock] = {}  # one per cache entry this process has asked for
+ENTRY_LOCKS_GUARD = threading.Lock()
 
 
 def cache_root() -> Path:
@@ -78,3 +82,11 @@ def existing_entry(path: Path) -> Path:
         return path
     fallback = process_cache_root() / path.relative_to(cache_root())
     return fallback if fallback.exists() else path
+
+
+def entry_lock(path: Path) -> threading.Lock:
+    """This process's lock for the cache entry ``path``: a thread that finds the entry missing measures it under
+    the lock after reading it again, so requests arriving together wait for one measurement instead of each
+    timing the machine while the others load it."""
+    with ENTRY_LOCKS_GUARD:
+        return ENTRY_LOCKS.setdefault(path, threading.Lock())

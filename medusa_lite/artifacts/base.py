@@ -72,7 +72,11 @@ class StrictArtifact:
     def from_source(cls, source: ArtifactSource, *, map_location: str | torch.device = "cpu"):
         """Load from a resolved :class:`~medusa_lite.artifacts.resolve.ArtifactSource`, strictly."""
         artifact = cls(read_config(heads_file(source, CONFIG_NAME), cls.config_class, cls.artifact_what))
-        artifact.load_state_dict(read_weights(heads_file(source, WEIGHTS_NAME), map_location), strict=True)
+        weights = heads_file(source, WEIGHTS_NAME)
+        try:
+            artifact.load_state_dict(read_weights(weights, map_location), strict=True)
+        except HeadsFileError as error:
+            raise HeadsFileError(naming_file(weights, error)) from error
         return artifact
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
@@ -158,6 +162,11 @@ def heads_file(source: ArtifactSource, file_name: str) -> Path:
             f"{source.folder / file_name} is missing: a {source.what} folder holds {CONFIG_NAME} and {WEIGHTS_NAME}"
         )
     return path
+
+
+def naming_file(path: Path, error: Exception) -> str:
+    """``error``'s message, led by the file it is about unless it names it already."""
+    return str(error) if str(path) in str(error) else f"{path}: {error}"
 
 
 def read_config_values(path: Path) -> dict:

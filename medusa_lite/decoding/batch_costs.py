@@ -32,7 +32,7 @@ from medusa_lite.decoding.batch import row_step, verify_batch
 from medusa_lite.decoding.cache import keep_accepted_per_sequence, reserved_cache
 from medusa_lite.decoding.model import MedusaModel, cache_keyword
 from medusa_lite.decoding.verify import keep_accepted_in_cache
-from medusa_lite.paths import existing_entry
+from medusa_lite.paths import entry_lock, existing_entry
 from medusa_lite.trees.costs import (
     CALIBRATION_PREFIX_TOKENS,
     CALIBRATION_ROUNDS,
@@ -40,6 +40,7 @@ from medusa_lite.trees.costs import (
     CALIBRATION_SEED,
     CALIBRATION_WARMUP_ROUNDS,
     NO_NODES,
+    all_positive_and_finite,
     cache_entry,
     cost_cache_path,
     cost_key,
@@ -168,7 +169,8 @@ def read_cached_batch_costs(path: Path, key: dict, max_rows: int) -> BatchCosts 
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent or unreadable: measure again
     covered = len(costs.row_costs) >= max(timed_row_counts(costs.batch_size, max_rows))
-    return costs if values.get("format") == BATCH_COSTS_FORMAT and values.get("key") == key and covered else None
+    usable = covered and all_positive_and_finite((*costs.row_costs, costs.plain_step_ratio))
+    return costs if values.get("format") == BATCH_COSTS_FORMAT and values.get("key") == key and usable else None
 
 
 def batch_step_costs(
@@ -177,12 +179,16 @@ def batch_step_costs(
     """This machine's costs of a step of ``batch_size`` sequences of ``model``, up to ``max_rows`` rows a sequence:
     cached, else measured now and cached (``announce`` gets a one-line message then; default: stderr)."""
     key = batch_cost_key(model, batch_size)
-    path = existing_entry(cost_cache_path(key))
-    cached = read_cached_batch_costs(path, key, max_rows)
+    cached = read_cached_batch_costs(existing_entry(cost_cache_path(key)), key, max_rows)
     if cached is not None:
         return cached
-    measured = measure_batch_costs(model, batch_size, max_rows)
-    where = cache_entry(path, measured)
+    with entry_lock(cost_cache_path(key)):
+        path = existing_entry(cost_cache_path(key))
+        cached = read_cached_batch_costs(path, key, max_rows)  # measured by another thread while this one waited
+        if cached is not None:
+            return cached
+        measured = measure_batch_costs(model, batch_size, max_rows)
+        where = cache_entry(path, measured)
     (announce or print_to_stderr)(
         f"medusa-lite: measured this machine's step costs for batches of {batch_size} in {measured.seconds:.1f} s "
         f"({len(measured.costs.row_costs)} rows a sequence cost {measured.costs.row_costs[-1]:.2f} plain batched "

@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from medusa_lite.training.errors import CheckpointError
+
 CHECKPOINTS_DIR = "checkpoints"
 STEP_PREFIX = "step-"
 TEMP_PREFIX = ".tmp-"
@@ -134,5 +136,53 @@ def save_checkpoint(accelerator, root: Path, step: int, state: dict, keep: int, 
     return final
 
 
+COUNTS_IN_STATE = ("step", "tokens_trained")  # what a resumed run continues from
+RANDOM_STATES_GLOB = "random_states_*.pkl"  # accelerate's per-process random states (loaded weights_only)
+
+
 def read_state(folder: Path) -> dict:
-    return json.loads((folder / STATE_NAME).read_text())
+    """The trainer state a checkpoint folder holds: a JSON object whose ``step`` is the folder's and whose
+    ``tokens_trained`` is a count; anything else a :class:`CheckpointError` naming the file."""
+    path = folder / STATE_NAME
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path} cannot be read as JSON ({type(error).__name__}: {error})") from error
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(state).__name__}")
+    for name in COUNTS_IN_STATE:
+        value = state.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise CheckpointError(f"{path}: {name} must be a count (an integer >= 0), got {value!r}")
+    match = STEP_PATTERN.match(folder.name)
+    if match and int(match.group(1)) != state["step"]:
+        raise CheckpointError(f"{path}: step {state['step']} in the file, but the folder is step {match.group(1)}")
+    return state
+
+
+def check_readable_files(folder: Path) -> None:
+    """Open every file of a checkpoint that accelerate would read without naming it in its errors (the weights'
+    safetensors headers, the random states): a corrupt one is a :class:`CheckpointError` naming it, before
+    anything is restored. accelerate itself would skip unreadable random states with an info-level log,
+    silently giving a resumed run other random draws than the uninterrupted one."""
+    from accelerate.utils import load as accelerate_load  # weights_only, with accelerate's allowed numpy types
+    from safetensors import safe_open
+
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(path), framework="pt") as weights:
+                weights.keys()
+        except Exception as error:  # safetensors raises its own error types for a malformed header
+            raise CheckpointError(f"{path} is not a readable safetensors file ({error}); {CORRUPT_ADVICE}") from error
+    for path in sorted(folder.glob(RANDOM_STATES_GLOB)):
+        try:
+            states = accelerate_load(path)
+        except Exception as error:  # torch.load's errors for a truncated or tampered file vary by version
+            raise CheckpointError(f"{path} cannot be loaded ({type(error).__name__}); {CORRUPT_ADVICE}") from error
+        if not isinstance(states, dict) or "torch_manual_seed" not in states:
+            raise CheckpointError(f"{path} holds no random states; {CORRUPT_ADVICE}")
+
+
+CORRUPT_ADVICE = (
+    "the checkpoint is corrupt: delete its folder to resume from the one before it, or train again without --resume"
+)

@@ -6,11 +6,18 @@ forever on the others).
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import netrc
 import os
 import shutil
 from pathlib import Path
+from typing import IO
+
+try:
+    import fcntl  # POSIX: the run lock (elsewhere two runs into one output_dir are not detected)
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
 
 import torch
 
@@ -23,6 +30,7 @@ HEADS_DIR = "heads"
 FREE_SPACE_MARGIN = 1.2
 ADAM_STATE_COPIES = 3  # weights + two moments, float32
 OFFLINE_WANDB_MODES = ("offline", "disabled", "dryrun")
+RUN_LOCK_NAME = ".medusa-lite-training.lock"  # held by a run's main process while it trains into output_dir
 
 
 def wandb_key_available() -> bool:
@@ -77,6 +85,44 @@ def check_output_dir(output_dir: Path, resume: bool, overwrite: bool) -> None:
             "true to start over, "
             "or choose another output_dir"
         )
+
+
+def take_run_lock(output_dir: Path) -> tuple[IO | None, str | None]:
+    """(the open lock file, None), or (None, what holds it): an exclusive ``flock`` on ``output_dir``'s run lock,
+    which the system releases when the holder ends in any way (kill -9 included), so a dead run never blocks."""
+    if fcntl is None:
+        return None, None
+    handle = open(output_dir / RUN_LOCK_NAME, "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process that wrote nothing yet"
+        handle.close()
+        return None, (
+            f"output_dir {output_dir} is in use by another training run ({holder}; {RUN_LOCK_NAME}): two runs "
+            "writing one folder would overwrite each other's checkpoints; wait for it to end (then --resume "
+            "continues it), or choose another output_dir"
+        )
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()}, started {datetime.datetime.now().isoformat(timespec='seconds')}\n")
+    handle.flush()
+    return handle, None
+
+
+def hold_run_lock(output_dir: Path, accelerator) -> IO | None:
+    """The main process takes ``output_dir``'s run lock (:func:`take_run_lock`) and tells every rank whether it got
+    it, so all ranks refuse together with an :class:`OutputDirError` when another run holds it. Close the returned
+    file when the run ends."""
+    handle, problem = take_run_lock(output_dir) if accelerator.is_main_process else (None, None)
+    if accelerator.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        problem = broadcast_object_list([problem])[0]
+    if problem is not None:
+        raise OutputDirError(problem)
+    return handle
 
 
 def check_free_space(output_dir: Path, needed_bytes: int) -> None:

@@ -27,6 +27,7 @@ from medusa_lite.training.checks import (
     check_output_dir,
     check_tracker,
     estimate_output_bytes,
+    hold_run_lock,
 )
 from medusa_lite.training.config import TrainConfig
 from medusa_lite.training.data import TokenizedData, batch_indices, load_training_data
@@ -57,7 +58,9 @@ def train(config: TrainConfig, *, resume: bool = False, push_to_hub: str | None 
     output_dir = Path(config.output_dir)
     check_output_dir(output_dir, resume, config.overwrite_output_dir)
     accelerator = make_accelerator(config)
+    run_lock = None
     try:
+        run_lock = hold_run_lock(output_dir, accelerator)
         run = set_up(config, accelerator, output_dir, resume)
         tokens_trained, run_tokens, step_seconds = run_steps(run)
         final = (
@@ -71,6 +74,8 @@ def train(config: TrainConfig, *, resume: bool = False, push_to_hub: str | None 
         accelerator.wait_for_everyone()  # leave together: a rank tearing the process group down alone can abort
         return TrainResult(output_dir, heads_dir, adapter_dir, summary, run.log.history, push_error)
     finally:
+        if run_lock is not None:
+            run_lock.close()  # releases the run lock
         accelerator.end_training()  # closes trackers and the process group
 
 
@@ -263,8 +268,14 @@ def restore(run: Run, resume: bool) -> None:
         log.say(f"--resume: no complete checkpoint in {run.root}; starting from step 0")
         return
     check_no_pickled_objects(latest[1])
-    accelerator.load_state(str(latest[1]))
     state = ckpt.read_state(latest[1])
+    ckpt.check_readable_files(latest[1])
+    try:
+        accelerator.load_state(str(latest[1]))
+    except Exception as error:  # torch and accelerate raise many types for a corrupt optimizer or weights file
+        raise CheckpointError(
+            f"{latest[1]} could not be restored ({type(error).__name__}: {error}); {ckpt.CORRUPT_ADVICE}"
+        ) from error
     run.start_step, run.tokens_trained = state["step"], state["tokens_trained"]
     replay_schedule(run.scheduler, run.start_step)
     if state.get("data_position") != run.data_position:

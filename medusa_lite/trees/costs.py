@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from medusa_lite.decoding.cache import reserved_cache
 from medusa_lite.decoding.model import MedusaModel, TargetOutput, cache_keyword, text_config
 from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree
 from medusa_lite.dtypes import dtype_name
-from medusa_lite.paths import cache_root, existing_entry, writable_entry
+from medusa_lite.paths import cache_root, entry_lock, existing_entry, writable_entry
 from medusa_lite.trees.tree import Tree
 
 COSTS_FORMAT = "medusa-lite-costs/7"  # /2: heads_cost became proposal_cost; /3: the key's prepack layout; /4: oneDNN;
@@ -267,6 +268,12 @@ def row_costs_from_ratios(ratios: dict[int, float], max_rows: int) -> tuple[floa
     return tuple(next(measured[size] for size in sizes if size >= rows) for rows in range(1, max_rows + 1))
 
 
+def all_positive_and_finite(numbers: Iterable[float]) -> bool:
+    """Whether every cost read back from a cache is one a step could have cost (a hand edit or a broken
+    writer can leave NaN, infinities, zeros or negative numbers: those entries are measured again)."""
+    return all(math.isfinite(n) and n > 0 for n in numbers)
+
+
 def read_cached_costs(path: Path, key: dict, max_rows: int) -> StepCosts | None:
     """The costs cached at ``path`` when they were measured for ``key`` and cover ``max_rows`` rows, else None."""
     try:
@@ -280,9 +287,10 @@ def read_cached_costs(path: Path, key: dict, max_rows: int) -> StepCosts | None:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent or unreadable: measure again
+    usable = all_positive_and_finite((*costs.row_costs, costs.plain_step_ms, costs.proposal_cost + 1.0))
     return (
         costs
-        if values.get("format") == COSTS_FORMAT and costs.key == key and len(costs.row_costs) >= max_rows
+        if values.get("format") == COSTS_FORMAT and costs.key == key and len(costs.row_costs) >= max_rows and usable
         else None
     )
 
@@ -308,12 +316,16 @@ def step_costs(
     """
     proposal = proposal if proposal is not None else heads_proposal(model, max_rows)
     key = cost_key(model, proposal)
-    path = existing_entry(cost_cache_path(key))
-    cached = read_cached_costs(path, key, max_rows)
+    cached = read_cached_costs(existing_entry(cost_cache_path(key)), key, max_rows)
     if cached is not None:
         return cached
-    costs = measure_row_costs(model, max_rows, proposal)
-    where = cache_entry(path, costs)
+    with entry_lock(cost_cache_path(key)):
+        path = existing_entry(cost_cache_path(key))
+        cached = read_cached_costs(path, key, max_rows)  # measured by another thread while this one waited
+        if cached is not None:
+            return cached
+        costs = measure_row_costs(model, max_rows, proposal)
+        where = cache_entry(path, costs)
     (announce or print_to_stderr)(
         f"medusa-lite: measured this machine's step costs for the dynamic tree in {costs.seconds:.1f} s "
         f"({max_rows} rows cost {costs.row_costs[-1]:.2f} plain steps; {where})"

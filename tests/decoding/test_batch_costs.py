@@ -4,6 +4,8 @@ cached, and what prices every row's tree in a batch (heads and drafters alike), 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -155,3 +157,30 @@ def test_a_drafter_is_priced_for_the_batch(kind, tmp_path, monkeypatch):
     assert_each_row_as_alone(out, target, rows, NEW_TOKENS, [])
     assert asked and all(batch == len(rows) for batch, _ in asked), "the drafter was not priced for the batch"
     assert out.stats.verified_rows == out.stats.steps, "at ten plain steps a row, the drafter should add none"
+
+
+def test_requests_arriving_together_wait_for_one_measurement(cache, monkeypatch):
+    """Four threads asking for one batch size's missing costs at once: one measures (the others timing the machine
+    while it is loaded would measure the load), the rest read what it cached."""
+    model = tiny_model()
+    key = batch_costs.batch_cost_key(model, 4)
+    measurements: list[int] = []
+
+    def slow_measurement(model, batch_size, max_rows):
+        measurements.append(batch_size)
+        time.sleep(0.3)  # long enough for every thread to find the entry missing
+        costs = BatchCosts(batch_size, tuple(1.0 + 0.1 * r for r in range(max_rows)), 1.2)
+        return batch_costs.MeasuredBatchCosts(costs, 10.0, key, 0.3)
+
+    monkeypatch.setattr(batch_costs, "measure_batch_costs", slow_measurement)
+    results: list[BatchCosts] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(batch_costs.batch_step_costs(model, 4, 8, announce=print)))
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert measurements == [4], f"measured {len(measurements)} times"
+    assert len(results) == 4 and all(result == results[0] for result in results)

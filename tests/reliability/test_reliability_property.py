@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from file_mutations import corrupt_file, mutate_json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
@@ -141,54 +142,6 @@ def test_the_generate_property_reached_both_outcomes():
 
 
 # -- corrupted files ---------------------------------------------------------------------------
-json_values = st.recursive(
-    st.one_of(
-        st.none(), st.booleans(), st.integers(-(10**20), 10**20), st.floats(allow_nan=False), st.text(max_size=5)
-    ),
-    lambda children: st.one_of(
-        st.lists(children, max_size=3), st.dictionaries(st.text(max_size=5), children, max_size=3)
-    ),
-    max_leaves=6,
-)
-
-
-def mutate_json(data, value):
-    """``value`` with one randomly chosen node (possibly the whole) replaced, deleted or added to."""
-    if isinstance(value, (dict, list)) and value and data.draw(st.booleans()):
-        keys = list(value) if isinstance(value, dict) else list(range(len(value)))
-        key = data.draw(st.sampled_from(keys))
-        copy = dict(value) if isinstance(value, dict) else list(value)
-        action = data.draw(st.sampled_from(["descend", "delete", "add"]))
-        if action == "descend":
-            copy[key] = mutate_json(data, copy[key])
-        elif action == "delete":
-            del copy[key]
-        elif isinstance(copy, dict):
-            copy[data.draw(st.text(max_size=8))] = data.draw(json_values)
-        else:
-            copy.append(data.draw(json_values))
-        return copy
-    return data.draw(json_values)
-
-
-def mutate_bytes(data, raw: bytes) -> bytes:
-    """Truncated, or with a few bytes overwritten."""
-    if data.draw(st.booleans()):
-        return raw[: data.draw(st.integers(0, len(raw)))]
-    raw = bytearray(raw)
-    for _ in range(data.draw(st.integers(1, 4))):
-        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
-    return bytes(raw)
-
-
-def corrupt_file(data, path, parse_json: bool) -> None:
-    raw = path.read_bytes()
-    if parse_json and data.draw(st.booleans()):
-        path.write_text(json.dumps(mutate_json(data, json.loads(raw))))
-    else:
-        path.write_bytes(mutate_bytes(data, raw))
-
-
 FILE_OUTCOMES: dict[str, dict[str, int]] = {}
 
 

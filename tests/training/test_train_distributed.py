@@ -24,7 +24,9 @@ from safetensors.torch import load_file
 from training_fixtures import REPO_ROOT, TRAIN_SCRIPT, subprocess_env, tiny_argv
 
 from medusa_lite import MedusaHeads
+from medusa_lite.commands import train as train_heads
 from medusa_lite.training import checkpoint as ckpt
+from medusa_lite.training.errors import OutputDirError
 
 # pytest fixtures shared by the training tests (single_thread is autouse, for this module only)
 tiny_target, pattern_data, single_thread = (
@@ -152,6 +154,9 @@ def test_kill_9_mid_checkpoint_write_then_resume_gives_the_uninterrupted_weights
             assert sorted(p.name for p in half_written.iterdir()) and not ckpt.is_complete(half_written)
             assert not (half_written / ckpt.STATE_NAME).exists() and not (half_written / ckpt.COMPLETE_MARKER).exists()
             assert [step for step, _ in ckpt.complete_checkpoints(checkpoints)] == [10]
+            # A second run into the folder while this one trains is refused, naming the holder.
+            with pytest.raises(OutputDirError, match=f"in use by another training run \\(pid {process.pid},"):
+                train_heads.main(tiny_argv(tiny_target, pattern_data, killed, **RESUME_RUN) + ["--resume"])
             os.kill(process.pid, signal.SIGKILL)
             process.wait(timeout=30)
         finally:
@@ -160,7 +165,7 @@ def test_kill_9_mid_checkpoint_write_then_resume_gives_the_uninterrupted_weights
     assert process.returncode == -signal.SIGKILL
     assert half_written.is_dir() and not (killed / "heads").exists(), "the killed run must have stopped mid-write"
 
-    done = run_to_the_end(argv(killed) + ["--resume"])
+    done = run_to_the_end(argv(killed) + ["--resume"])  # the dead run's lock went with it
     assert f"removed an incomplete checkpoint (interrupted write): {half_written}" in done.stdout
     assert re.search(r"resuming from \S+step-00000010 at step 10/40", done.stdout), done.stdout[-2000:]
     assert not half_written.exists()

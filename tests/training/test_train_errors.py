@@ -3,6 +3,7 @@ type and a message naming the problem (or the documented behaviour)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 from collections import namedtuple
@@ -248,6 +249,27 @@ def test_resume_never_unpickles_a_checkpoint_file(tiny_target, pattern_data, tmp
     assert not marker.exists(), "resuming unpickled a file of the checkpoint"
     (checkpoint / "custom_checkpoint_0.pkl").unlink()  # what the message says to do with an old checkpoint
     assert train_heads.main(argv).summary["steps"] == 30
+
+
+def test_a_second_run_into_an_output_dir_in_use_is_refused_until_the_first_ends(tiny_target, pattern_data, tmp_path):
+    """The run lock: held (as a training run's main process holds it), a fresh start and a --resume into the folder
+    are both refused with the holder named; released, the run goes ahead. (A real second process, killed with -9:
+    tests/training/test_train_distributed.py.)"""
+    out = tmp_path / "out"
+    out.mkdir()
+    held, problem = checks.take_run_lock(out)
+    assert problem is None
+    try:
+        for extra in ([], ["--resume"]):
+            with pytest.raises(OutputDirError, match=rf"in use by another training run \(pid {os.getpid()},"):
+                train_heads.main(tiny_argv(tiny_target, pattern_data, out, max_steps=2) + extra)
+        assert not (out / "checkpoints").exists(), "a refused run wrote into the folder"
+    finally:
+        held.close()
+    assert train_heads.main(tiny_argv(tiny_target, pattern_data, out, max_steps=2)).summary["steps"] == 2
+    again, problem = checks.take_run_lock(out)  # the finished run let go of it
+    assert problem is None
+    again.close()
 
 
 def test_resume_without_any_checkpoint_starts_from_zero(tiny_target, pattern_data, tmp_path, capsys):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
+import time
 
 import pytest
 import torch
@@ -140,3 +142,27 @@ def test_unknown_kernel_choice_fails_before_measuring(cache, monkeypatch):
             costs.step_costs(tiny_model(), 4)
     finally:
         kernel_path.cache_clear()
+
+
+def test_requests_arriving_together_wait_for_one_measurement(cache, monkeypatch):
+    """Four threads needing the missing step costs at once: one measures, the rest read what it cached."""
+    model = tiny_model()
+    key = costs.cost_key(model, costs.heads_proposal(model, 6))
+    measurements: list[int] = []
+
+    def slow_measurement(model, max_rows, proposal):
+        measurements.append(max_rows)
+        time.sleep(0.3)  # long enough for every thread to find the entry missing
+        return costs.StepCosts(tuple(1.0 + 0.1 * r for r in range(max_rows)), 0.05, 10.0, key, 0.3)
+
+    monkeypatch.setattr(costs, "measure_row_costs", slow_measurement)
+    results: list[costs.StepCosts] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(costs.step_costs(model, 6, announce=print))) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert measurements == [6], f"measured {len(measurements)} times"
+    assert len(results) == 4 and all(result == results[0] for result in results)
