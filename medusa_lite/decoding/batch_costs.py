@@ -32,7 +32,6 @@ from medusa_lite.decoding.batch import row_step, verify_batch
 from medusa_lite.decoding.cache import keep_accepted_per_sequence, reserved_cache
 from medusa_lite.decoding.model import MedusaModel, cache_keyword
 from medusa_lite.decoding.verify import keep_accepted_in_cache
-from medusa_lite.paths import entry_lock, existing_entry
 from medusa_lite.trees.costs import (
     CALIBRATION_PREFIX_TOKENS,
     CALIBRATION_ROUNDS,
@@ -41,7 +40,7 @@ from medusa_lite.trees.costs import (
     CALIBRATION_WARMUP_ROUNDS,
     NO_NODES,
     all_positive_and_finite,
-    cache_entry,
+    cached_or_measured,
     cost_cache_path,
     cost_key,
     median_seconds,
@@ -179,16 +178,14 @@ def batch_step_costs(
     """This machine's costs of a step of ``batch_size`` sequences of ``model``, up to ``max_rows`` rows a sequence:
     cached, else measured now and cached (``announce`` gets a one-line message then; default: stderr)."""
     key = batch_cost_key(model, batch_size)
-    cached = read_cached_batch_costs(existing_entry(cost_cache_path(key)), key, max_rows)
-    if cached is not None:
-        return cached
-    with entry_lock(cost_cache_path(key)):
-        path = existing_entry(cost_cache_path(key))
-        cached = read_cached_batch_costs(path, key, max_rows)  # measured by another thread while this one waited
-        if cached is not None:
-            return cached
-        measured = measure_batch_costs(model, batch_size, max_rows)
-        where = cache_entry(path, measured)
+    found, where = cached_or_measured(
+        cost_cache_path(key),
+        lambda path: read_cached_batch_costs(path, key, max_rows),
+        lambda: measure_batch_costs(model, batch_size, max_rows),
+    )
+    if where is None:
+        return found  # BatchCosts read from the cache
+    measured = found
     (announce or print_to_stderr)(
         f"medusa-lite: measured this machine's step costs for batches of {batch_size} in {measured.seconds:.1f} s "
         f"({len(measured.costs.row_costs)} rows a sequence cost {measured.costs.row_costs[-1]:.2f} plain batched "

@@ -138,6 +138,9 @@ def save_checkpoint(accelerator, root: Path, step: int, state: dict, keep: int, 
 
 COUNTS_IN_STATE = ("step", "tokens_trained")  # what a resumed run continues from
 RANDOM_STATES_GLOB = "random_states_*.pkl"  # accelerate's per-process random states (loaded weights_only)
+CORRUPT_ADVICE = (
+    "the checkpoint is corrupt: delete its folder to resume from the one before it, or train again without --resume"
+)
 
 
 def read_state(folder: Path) -> dict:
@@ -181,8 +184,3 @@ def check_readable_files(folder: Path) -> None:
             raise CheckpointError(f"{path} cannot be loaded ({type(error).__name__}); {CORRUPT_ADVICE}") from error
         if not isinstance(states, dict) or "torch_manual_seed" not in states:
             raise CheckpointError(f"{path} holds no random states; {CORRUPT_ADVICE}")
-
-
-CORRUPT_ADVICE = (
-    "the checkpoint is corrupt: delete its folder to resume from the one before it, or train again without --resume"
-)

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -42,6 +43,8 @@ from medusa_lite.decoding.verify import keep_accepted_in_cache, verify_tree
 from medusa_lite.dtypes import dtype_name
 from medusa_lite.paths import cache_root, entry_lock, existing_entry, writable_entry
 from medusa_lite.trees.tree import Tree
+
+Cached = TypeVar("Cached")  # what a cache entry holds: step costs, a batch's measured costs
 
 COSTS_FORMAT = "medusa-lite-costs/7"  # /2: heads_cost became proposal_cost; /3: the key's prepack layout; /4: oneDNN;
 # /5: the drafter's one-row products packed, and its drafting stopped sooner; /6: the drafter's weights packed in
@@ -248,6 +251,22 @@ def cache_entry(path: Path, costs) -> str:
         return f"not cached: {error}"
 
 
+def cached_or_measured(entry: Path, read: Callable[[Path], Cached | None], measure: Callable[[], Cached]):
+    """(what ``read`` finds at the cache entry ``entry``, None), else (``measure()``, where it was cached, as
+    :func:`cache_entry` says it). Threads missing one entry together take turns on
+    :func:`~medusa_lite.paths.entry_lock`: the first measures, the rest read what it cached."""
+    cached = read(existing_entry(entry))
+    if cached is not None:
+        return cached, None
+    with entry_lock(entry):
+        path = existing_entry(entry)
+        cached = read(path)  # measured by another thread while this one waited
+        if cached is not None:
+            return cached, None
+        measured = measure()
+        return measured, cache_entry(path, measured)
+
+
 def row_costs_from_ratios(ratios: dict[int, float], max_rows: int) -> tuple[float, ...]:
     """``row_costs`` for 1..``max_rows`` rows from the measured sizes' time over a plain step's (``ratios``).
 
@@ -287,7 +306,9 @@ def read_cached_costs(path: Path, key: dict, max_rows: int) -> StepCosts | None:
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None  # absent or unreadable: measure again
-    usable = all_positive_and_finite((*costs.row_costs, costs.plain_step_ms, costs.proposal_cost + 1.0))
+    usable = all_positive_and_finite((*costs.row_costs, costs.plain_step_ms)) and (
+        math.isfinite(costs.proposal_cost) and costs.proposal_cost >= 0  # a proposal may be free
+    )
     return (
         costs
         if values.get("format") == COSTS_FORMAT and costs.key == key and len(costs.row_costs) >= max_rows and usable
@@ -316,16 +337,13 @@ def step_costs(
     """
     proposal = proposal if proposal is not None else heads_proposal(model, max_rows)
     key = cost_key(model, proposal)
-    cached = read_cached_costs(existing_entry(cost_cache_path(key)), key, max_rows)
-    if cached is not None:
-        return cached
-    with entry_lock(cost_cache_path(key)):
-        path = existing_entry(cost_cache_path(key))
-        cached = read_cached_costs(path, key, max_rows)  # measured by another thread while this one waited
-        if cached is not None:
-            return cached
-        costs = measure_row_costs(model, max_rows, proposal)
-        where = cache_entry(path, costs)
+    costs, where = cached_or_measured(
+        cost_cache_path(key),
+        lambda path: read_cached_costs(path, key, max_rows),
+        lambda: measure_row_costs(model, max_rows, proposal),
+    )
+    if where is None:
+        return costs
     (announce or print_to_stderr)(
         f"medusa-lite: measured this machine's step costs for the dynamic tree in {costs.seconds:.1f} s "
         f"({max_rows} rows cost {costs.row_costs[-1]:.2f} plain steps; {where})"

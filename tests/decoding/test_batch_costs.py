@@ -4,13 +4,13 @@ cached, and what prices every row's tree in a batch (heads and drafters alike), 
 from __future__ import annotations
 
 import json
-import threading
 import time
 
 import pytest
 import torch
 from artifact_fixtures import fresh_kind_folder
 from batch_checks import PAD, assert_each_row_as_alone
+from concurrent_calls import results_of_concurrent_calls
 from tiny_models import random_heads, tiny_base_model
 
 import medusa_lite.decoding.batch_costs as batch_costs
@@ -173,14 +173,6 @@ def test_requests_arriving_together_wait_for_one_measurement(cache, monkeypatch)
         return batch_costs.MeasuredBatchCosts(costs, 10.0, key, 0.3)
 
     monkeypatch.setattr(batch_costs, "measure_batch_costs", slow_measurement)
-    results: list[BatchCosts] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(batch_costs.batch_step_costs(model, 4, 8, announce=print)))
-        for _ in range(4)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    results = results_of_concurrent_calls(lambda: batch_costs.batch_step_costs(model, 4, 8, announce=print), threads=4)
     assert measurements == [4], f"measured {len(measurements)} times"
     assert len(results) == 4 and all(result == results[0] for result in results)

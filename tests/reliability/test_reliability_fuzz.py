@@ -169,7 +169,7 @@ def test_a_corrupted_cost_cache_is_measured_again_or_is_usable(tmp_path_factory,
 def nonsense(data, values: dict) -> dict:
     """``values`` with one number set to what a half-broken writer or a hand edit could leave."""
     field = data.draw(st.sampled_from(["row_costs", "plain_step_ms", "plain_step_ratio", "proposal_cost"]))
-    bad = data.draw(st.sampled_from([math.nan, math.inf, -math.inf, -1.0, 0.0, 1e308, -(10**30)]))
+    bad = data.draw(st.sampled_from([math.nan, math.inf, -math.inf, -1.0, -0.5, 0.0, 1e308, -(10**30)]))
     changed = dict(values)
     if field == "row_costs":
         costs = list(changed["row_costs"])

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import threading
 import time
 
 import pytest
 import torch
+from concurrent_calls import results_of_concurrent_calls
 from tiny_checkpoint import save_tiny_checkpoint
 from tiny_models import random_heads, tiny_base_model
 
@@ -156,13 +156,6 @@ def test_requests_arriving_together_wait_for_one_measurement(cache, monkeypatch)
         return costs.StepCosts(tuple(1.0 + 0.1 * r for r in range(max_rows)), 0.05, 10.0, key, 0.3)
 
     monkeypatch.setattr(costs, "measure_row_costs", slow_measurement)
-    results: list[costs.StepCosts] = []
-    threads = [
-        threading.Thread(target=lambda: results.append(costs.step_costs(model, 6, announce=print))) for _ in range(4)
-    ]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=30)
+    results = results_of_concurrent_calls(lambda: costs.step_costs(model, 6, announce=print), threads=4)
     assert measurements == [6], f"measured {len(measurements)} times"
     assert len(results) == 4 and all(result == results[0] for result in results)
